@@ -1,0 +1,30 @@
+"""rldojo: reinforcement learning of language models on verifiable and agentic environments.
+
+The public API is small: the shared types, the environment registry and the grader
+protocol. Everything else lives in its subpackage (see DESIGN.md for the map).
+"""
+
+from rldojo.types import (
+    Completion,
+    Message,
+    Observation,
+    Rollout,
+    SamplingParams,
+    Score,
+    StepResult,
+    Task,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Completion",
+    "Message",
+    "Observation",
+    "Rollout",
+    "SamplingParams",
+    "Score",
+    "StepResult",
+    "Task",
+    "__version__",
+]

@@ -1,0 +1,98 @@
+"""The `Env` protocol: the contract between environments and the rollout engine.
+
+An environment holds the state of one episode. `reset(task, seed=...)` starts an episode
+and returns the opening conversation; `step(action)` takes the policy's text for one turn
+and returns the environment's reply and whether the episode is over. Both are async
+because real environments wait on subprocesses, sandboxes and databases.
+
+Single-turn environments end on the first `step`. Multi-turn environments (tools, games,
+code repair) return messages to append and `done=False` until they finish. Every
+environment names its grader: `default_grader()` returns the grader that scores a
+finished rollout of this environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from rldojo.types import Observation, StepResult, Task
+
+if TYPE_CHECKING:
+    from rldojo.graders.base import Grader
+
+
+@runtime_checkable
+class Env(Protocol):
+    """An environment: tasks, episode state, and the grader of its rollouts."""
+
+    env_id: str
+
+    def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
+        """The tasks of a split (`train`, `test`), deterministic for a seed."""
+        ...
+
+    async def reset(self, task: Task, *, seed: int) -> Observation:
+        """Start an episode on `task`; the same task and seed give the same start."""
+        ...
+
+    async def step(self, action: str) -> StepResult:
+        """Apply one policy turn; raises `EpisodeDone` after the episode ended."""
+        ...
+
+    async def close(self) -> None:
+        """Release resources (subprocesses, connections)."""
+        ...
+
+    def default_grader(self) -> Grader:
+        """The grader that scores this environment's rollouts."""
+        ...
+
+
+class EpisodeDone(RuntimeError):
+    """`step` was called after the episode finished."""
+
+
+class SingleTurnEnv:
+    """Base for environments whose episode is one prompt and one answer.
+
+    Subclasses provide `tasks` and `default_grader`; `system_prompt` is prepended when set.
+    """
+
+    env_id: str = ""
+    system_prompt: str | None = None
+
+    def __init__(self) -> None:
+        self._done = True
+        self._task: Task | None = None
+
+    def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
+        raise NotImplementedError
+
+    def default_grader(self) -> Any:
+        raise NotImplementedError
+
+    def prompt_messages(self, task: Task) -> list[dict[str, str]]:
+        """The opening conversation for a task."""
+        messages: list[dict[str, str]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        if isinstance(task.prompt, str):
+            messages.append({"role": "user", "content": task.prompt})
+        else:
+            messages.extend(dict(m) for m in task.prompt)
+        return messages
+
+    async def reset(self, task: Task, *, seed: int) -> Observation:
+        self._task = task
+        self._done = False
+        return Observation(messages=self.prompt_messages(task), info={"seed": seed})
+
+    async def step(self, action: str) -> StepResult:
+        if self._done:
+            raise EpisodeDone(f"{self.env_id}: step() after the episode ended")
+        self._done = True
+        return StepResult(messages=[], done=True)
+
+    async def close(self) -> None:
+        self._done = True
