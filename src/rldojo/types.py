@@ -88,12 +88,15 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Completion:
-    """One sampled continuation: text, its token ids and the behaviour logprob of each."""
+    """One sampled continuation: text, its token ids, and per token the behaviour
+    log-probability and the entropy of the sampling distribution (both at the sampling
+    temperature; `entropies` is empty when the backend cannot report it)."""
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
+    entropies: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ class Rollout:
     `completion` is the text of the final policy turn, which most graders read.
     Token-level fields cover the sequence after the prompt: `completion_ids[i]` was
     written by the policy iff `policy_mask[i]` is True, and `logprobs[i]` is its
-    behaviour log-probability (0.0 on environment tokens).
+    behaviour log-probability (0.0 on environment tokens); `entropies[i]` is the
+    sampler's entropy at that token (empty when unknown).
     """
 
     task_id: str
@@ -160,6 +164,7 @@ class Rollout:
     completion_ids: tuple[int, ...] = ()
     policy_mask: tuple[bool, ...] = ()
     logprobs: tuple[float, ...] = ()
+    entropies: tuple[float, ...] = ()
     policy_version: int = 0
     status: RolloutStatus = "ok"
     sample_index: int = 0

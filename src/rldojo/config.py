@@ -1,0 +1,211 @@
+"""Configuration: one pydantic model per component, loaded from TOML plus `--set` overrides.
+
+A training config is a TOML file whose tables match the sections below (`[model]`,
+`[env]`, `[sampling]`, `[rollout]`, `[loss]`, `[optim]`, `[eval]`, `[run]`); every key
+is optional and documented once, here. Unknown keys are errors (typos must not silently
+fall back to defaults). Every error is one line naming the file and the key, e.g.
+`my.toml: loss.rho: Input should be less than or equal to 1`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message is one line naming file and key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m-instruct"
+    """Built-in name (`smollm2-135m-instruct`, `tiny-random`), local HF directory or hub id."""
+    generation_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Dtype of the generation copy. bf16 decodes ~2x faster on CPUs with bf16 units."""
+    autocast_bf16: bool = True
+    """Train under bf16 autocast (fp32 master weights and optimizer state)."""
+
+
+class EnvConfig(_Section):
+    id: str = "arith-v1"
+    """Registered environment id, or `package.module:factory`."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the environment factory (e.g. `levels = [1]`)."""
+    train_tasks: int | None = None
+    """How many train tasks to draw (None: the environment's default)."""
+
+
+class SamplingConfig(_Section):
+    max_new_tokens: int = Field(48, gt=0)
+    temperature: float = Field(0.7, ge=0.0)
+    """Sampling temperature; the forking-token entropy is measured at this temperature."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list)
+
+
+class RolloutConfig(_Section):
+    prompts_per_step: int = Field(8, gt=0)
+    """Tasks per optimizer step (groups in the batch)."""
+    group_size: int = Field(8, gt=1)
+    """Samples per task (G); advantages are relative within a group."""
+    dynamic_sampling: bool = True
+    """Drop groups whose rewards do not vary (no signal) and draw more tasks (DAPO)."""
+    max_extra_rounds: int = Field(1, ge=0)
+    """Extra draws to refill dropped groups before training on a partial batch."""
+    env_timeout_s: float = Field(30.0, gt=0)
+    """Per-call timeout of an environment's reset/step."""
+    grade_timeout_s: float = Field(30.0, gt=0)
+    """Per-rollout grading timeout; past it the score is `timeout` and not trained on."""
+    grade_concurrency: int = Field(8, gt=0)
+
+
+class LossConfig(_Section):
+    rho: float = Field(0.2, gt=0.0, le=1.0)
+    """Share of highest-entropy policy tokens that carry gradient (arXiv 2506.01939); 1.0 = all."""
+    scope: Literal["batch", "microbatch", "sequence"] = "batch"
+    normaliser: Literal["selected", "all"] = "selected"
+    eps_low: float = Field(0.2, ge=0.0)
+    eps_high: float = Field(0.28, ge=0.0)
+    """Clip-higher (DAPO): a larger upper clip keeps low-probability tokens explorable."""
+    dual_clip: float | None = Field(None, gt=1.0)
+    kl_coef: float = Field(0.0, ge=0.0)
+    """k3 KL to the initial model; 0 disables it and skips the reference model."""
+    scale_adv_by_std: bool = True
+    entropy_source: Literal["sampler", "trainer"] = "sampler"
+    """`sampler`: entropies recorded while sampling (free, on-policy); `trainer`: recomputed
+    by a no-grad forward of the training model (exact in its dtype, costs a forward)."""
+
+
+class OptimConfig(_Section):
+    lr: float = Field(2e-5, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    grad_clip: float = Field(1.0, gt=0.0)
+    micro_batch_size: int = Field(16, gt=0)
+    """Sequences per forward/backward; gradients accumulate over the batch."""
+
+
+class EvalConfig(_Section):
+    tasks: int = Field(128, ge=0)
+    """Held-out tasks (test split) evaluated greedily before and after training; 0 disables."""
+    max_new_tokens: int | None = None
+    """None: same as sampling.max_new_tokens."""
+    every: int = Field(0, ge=0)
+    """Also evaluate every K steps (0: only before and after)."""
+
+
+class RunConfig(_Section):
+    steps: int = Field(12, ge=0)
+    seed: int = 0
+    output_dir: str = "runs"
+    name: str | None = None
+    """Run directory name under output_dir (default: timestamp)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every K steps (0: only at the end)."""
+    deterministic: bool = False
+    """Deterministic torch kernels and single-threaded grading order (same metrics per run)."""
+    threads: int | None = None
+    """torch intra-op threads (None: torch's default)."""
+
+
+class TrainConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+
+def _parse_value(text: str) -> Any:
+    """`--set` values are TOML literals; bare words that are not valid TOML are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `section.key=value` overrides to a nested dict (returns a new dict)."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. loss.rho=0.2")
+        parts = key.strip().split(".")
+        node = out
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a table")
+            node[part] = child = dict(child)
+            node = child
+        node[parts[-1]] = _parse_value(raw.strip())
+    return out
+
+
+def _format_error(source: str, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{source}: {where}: {msg}{more}"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a TOML config (or the defaults when `path` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source += " + --set"
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(source, exc)) from None
+
+
+def dump_config(config: TrainConfig) -> str:
+    """The config as TOML (written into every run directory)."""
+    lines: list[str] = []
+    for section, model in config:
+        lines.append(f"[{section}]")
+        for key, value in model.model_dump(mode="json").items():
+            if value is None:
+                continue
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")

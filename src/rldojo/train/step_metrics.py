@@ -1,0 +1,93 @@
+"""Per-step bookkeeping: groups of samples and the metrics logged for them.
+
+A `Group` is the G rollouts of one task with their scores. A sample is *valid* when its
+rollout is trainable and its score is `ok`; failed samples are excluded from the group
+(not counted as reward 0). A group is *informative* when at least two valid samples
+have different rewards — otherwise every advantage is 0 and it carries no signal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rldojo.config import RolloutConfig
+from rldojo.types import Rollout, Score, Task
+
+
+@dataclass
+class Group:
+    task: Task
+    rollouts: list[Rollout]
+    scores: list[Score]
+    ledger_ids: list[int]
+    require_variance: bool = True
+    valid: list[bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.valid = [r.trainable and s.ok for r, s in zip(self.rollouts, self.scores, strict=True)]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [float(s.value) for s, ok in zip(self.scores, self.valid, strict=True) if ok and s.value is not None]
+
+    @property
+    def informative(self) -> bool:
+        rewards = self.rewards
+        if len(rewards) < 2:
+            return False
+        return not self.require_variance or max(rewards) > min(rewards)
+
+
+def _pass(score: Score) -> bool:
+    if "correct" in score.components:
+        return score.components["correct"] >= 1.0
+    return (score.value or 0.0) >= 1.0
+
+
+def rollout_metrics(
+    rollouts: Sequence[Rollout], scores: Sequence[Score], groups: Sequence[Group], cfg: RolloutConfig
+) -> dict[str, Any]:
+    """Reward, pass rate, lengths and failure counts of every rollout drawn this step."""
+    ok = [s for s in scores if s.ok]
+    values = torch.tensor([float(s.value or 0.0) for s in ok]) if ok else torch.zeros(0)
+    out: dict[str, Any] = {
+        "reward/mean": float(values.mean()) if len(values) else 0.0,
+        "reward/std": float(values.std(unbiased=False)) if len(values) else 0.0,
+        "reward/pass_rate": sum(_pass(s) for s in ok) / max(len(ok), 1),
+        "rollout/samples": len(rollouts),
+        "rollout/completion_len": sum(sum(r.policy_mask) for r in rollouts) / max(len(rollouts), 1),
+        "rollout/truncated_frac": sum(bool(r.info.get("truncated_turns")) for r in rollouts) / max(len(rollouts), 1),
+        "rollout/groups": len(groups),
+        "rollout/groups_informative": sum(g.informative for g in groups),
+        "rollout/groups_short": max(0, cfg.prompts_per_step - sum(g.informative for g in groups)),
+    }
+    for status, n in Counter(r.status for r in rollouts).items():
+        if status != "ok":
+            out[f"rollout/status_{status}"] = n
+    for status, n in Counter(s.status for s in scores).items():
+        if status != "ok":
+            out[f"grade/status_{status}"] = n
+    by_env: dict[str, list[float]] = {}
+    for r, s in zip(rollouts, scores, strict=True):
+        if s.ok:
+            by_env.setdefault(r.env or "env", []).append(float(s.value or 0.0))
+    for env, vals in by_env.items():
+        out[f"reward/{env}/mean"] = sum(vals) / len(vals)
+    components: dict[str, list[float]] = {}
+    for s in ok:
+        for name, value in s.components.items():
+            components.setdefault(name, []).append(float(value))
+    for name, vals in components.items():
+        out[f"reward/component/{name}"] = sum(vals) / len(vals)
+    return out
+
+
+def forking_tokens(tokenizer: Any, token_ids: torch.Tensor, selected: torch.Tensor, top: int = 20) -> list[str]:
+    """The `top` most frequent selected (forking) tokens as `text×count` strings."""
+    counts = Counter(int(t) for t in token_ids[selected].tolist())
+    return [f"{tokenizer.decode([tok])!r}×{n}" for tok, n in counts.most_common(top)]

@@ -1,0 +1,310 @@
+"""The trainer: GRPO-family policy gradient where only forking tokens carry gradient.
+
+`Trainer.step()` is the whole data flow of DESIGN.md, top to bottom:
+
+    draw tasks -> roll out G samples per task -> grade -> ledger (durable)
+    -> drop groups without signal (dynamic sampling, refill, else partial batch)
+    -> group advantages -> token entropy -> top-ρ forking-token mask
+    -> micro-batched clipped loss with gradient accumulation -> AdamW step
+    -> new weights to the policy -> metrics
+
+Grader and environment failures arrive here as statuses; they are counted and excluded
+from the gradient (a failed sample is neither a 0 reward nor a group member).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import random
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rldojo.config import TrainConfig, dump_config
+from rldojo.envs.registry import make_env
+from rldojo.eval.harness import EvalResult, evaluate
+from rldojo.policy.models import load_model
+from rldojo.policy.transformers_backend import TransformersPolicy
+from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rldojo.store.ledger import Ledger
+from rldojo.train import losses
+from rldojo.train.batch import TokenBatch, build_token_batch, completion_logits
+from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
+from rldojo.types import Rollout, SamplingParams, Score, Task
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
+    """LR multiplier: linear warmup, then constant / linear decay / cosine decay to 0."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """Owns the model, optimizer, policy, environment, grader, ledger and run directory."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+        self.config = cfg = config
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        seed_everything(cfg.run.seed, cfg.run.deterministic)
+        env = self.make_env()
+        self.grader = env.default_grader()
+        self.train_tasks = list(env.tasks("train", seed=cfg.run.seed, n=cfg.env.train_tasks))
+        self.test_tasks = list(env.tasks("test", seed=cfg.run.seed, n=cfg.eval.tasks or 1))
+        self.test_tasks = self.test_tasks[: cfg.eval.tasks]
+        checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+        self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
+        self.model.train()
+        gen_dtype = torch.bfloat16 if cfg.model.generation_dtype == "bfloat16" else None
+        self.policy = TransformersPolicy(self.model, self.tokenizer, generation_dtype=gen_dtype)
+        self.ref_model = copy.deepcopy(self.model).eval() if cfg.loss.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_lambda(s, cfg.optim.warmup_steps, cfg.run.steps, cfg.optim.schedule),
+        )
+        self.step_num, self.task_cursor, self.epoch = 0, 0, 0
+        self.evals: dict[str, dict[str, Any]] = {}
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
+            self.step_num, self.task_cursor = state["step"], state["task_cursor"]
+            self.epoch, self.evals = state["epoch"], state.get("evals", {})
+            self.policy.version = state.get("policy_version", self.step_num)
+        self._order = self._epoch_order(self.epoch)
+        (run_dir / "config.toml").write_text(dump_config(cfg))
+        self.ledger = Ledger(run_dir / "ledger.sqlite")
+        # One event loop for the trainer's life: grader worker pools bind to it.
+        self._loop = asyncio.new_event_loop()
+
+    # ------------------------------------------------------------------ the flow
+
+    def step(self) -> dict[str, Any]:
+        """One optimizer step: collect informative groups, then train on them."""
+        started = time.perf_counter()
+        groups, all_rollouts, all_scores, timing, rounds = self._loop.run_until_complete(self.collect_groups())
+        metrics = rollout_metrics(all_rollouts, all_scores, groups, self.config.rollout)
+        metrics["rollout/extra_rounds"] = rounds
+        trained = [g for g in groups if g.informative]
+        if trained:
+            t0 = time.perf_counter()
+            metrics |= self.train_on(trained)
+            timing["time/train"] = time.perf_counter() - t0
+            self.ledger.mark_trained([i for g in trained for i in g.ledger_ids])
+        else:
+            metrics["train/skipped"] = 1  # no signal in any group: no update this step
+        self.step_num += 1
+        self.scheduler.step()
+        timing["time/step"] = time.perf_counter() - started
+        n_tokens = sum(len(r.completion_ids) for r in all_rollouts)
+        metrics |= timing | {"time/tokens_per_s_generate": n_tokens / timing["time/generate"]}
+        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        self.ledger.add_step(self.step_num, metrics)
+        return metrics
+
+    async def collect_groups(self) -> tuple[list[Group], list[Rollout], list[Score], dict, int]:
+        """Roll out and grade G samples per task; refill groups without signal (DAPO)."""
+        ro = self.config.rollout
+        groups: list[Group] = []
+        rollouts: list[Rollout] = []
+        scores: list[Score] = []
+        timing = {"time/generate": 0.0, "time/grade": 0.0}
+        rounds = 0
+        while True:
+            need = ro.prompts_per_step - sum(g.informative for g in groups)
+            new = await self._roll_groups(self.draw_tasks(need), rounds, timing)
+            groups += new
+            rollouts += [r for g in new for r in g.rollouts]
+            scores += [s for g in new for s in g.scores]
+            full = sum(g.informative for g in groups) >= ro.prompts_per_step
+            if full or not ro.dynamic_sampling or rounds >= ro.max_extra_rounds:
+                return groups, rollouts, scores, timing, rounds
+            rounds += 1
+
+    async def _roll_groups(self, tasks: list[Task], rnd: int, timing: dict) -> list[Group]:
+        cfg = self.config
+        seed = cfg.run.seed * 1_000_003 + self.step_num * 101 + rnd
+        requests = [(t, g, seed + i) for i, t in enumerate(tasks) for g in range(cfg.rollout.group_size)]
+        t0 = time.perf_counter()
+        rollouts = await collect_rollouts(
+            self.make_env, self.policy, requests, self.sampling(seed),
+            env_timeout_s=cfg.rollout.env_timeout_s,
+        )
+        t1 = time.perf_counter()
+        scores = await grade_rollouts(
+            self.grader, rollouts, [t for t, _, _ in requests],
+            timeout_s=cfg.rollout.grade_timeout_s, concurrency=cfg.rollout.grade_concurrency,
+        )
+        timing["time/generate"] += t1 - t0
+        timing["time/grade"] += time.perf_counter() - t1
+        ids = self.ledger.add(self.step_num, rollouts, scores)  # durable before training
+        g = cfg.rollout.group_size
+        return [
+            Group(tasks[i], rollouts[i * g : (i + 1) * g], scores[i * g : (i + 1) * g],
+                  ids[i * g : (i + 1) * g], require_variance=cfg.rollout.dynamic_sampling)
+            for i in range(len(tasks))
+        ]
+
+    def train_on(self, groups: Sequence[Group]) -> dict[str, Any]:
+        """Advantages -> entropy -> forking-token mask -> accumulated loss -> optimizer step."""
+        cfg, lc = self.config, self.config.loss
+        rollouts = [r for g in groups for r, ok in zip(g.rollouts, g.valid, strict=True) if ok]
+        rewards = torch.tensor([s.value for g in groups for s, ok in zip(g.scores, g.valid, strict=True) if ok])  # [B]
+        group_ids = torch.tensor([i for i, g in enumerate(groups) for ok in g.valid if ok])  # [B]
+        advantages = losses.group_advantages(rewards, group_ids, scale_by_std=lc.scale_adv_by_std)  # [B]
+        batch = build_token_batch(rollouts, self.tokenizer.pad_token_id)
+        entropy = batch.sampler_entropy if lc.entropy_source == "sampler" else self._entropy(batch)  # [B, T]
+        selected = losses.high_entropy_mask(
+            entropy, batch.policy_mask, lc.rho, lc.scope, cfg.optim.micro_batch_size
+        )  # [B, T]
+        num_tokens = losses.loss_normaliser(selected, batch.policy_mask, lc.normaliser)
+        metrics = self._optimize(batch, advantages, selected, num_tokens)
+        self.policy.update_weights()
+        metrics |= {f"entropy/{k}": v for k, v in losses.entropy_stats(entropy, batch.policy_mask).items()}
+        metrics["entropy/threshold"] = losses.high_entropy_threshold(entropy, batch.policy_mask, lc.rho)
+        metrics["entropy/tokens_selected"] = int(selected.sum())
+        metrics["entropy/tokens_policy"] = int(batch.policy_mask.sum())
+        metrics["entropy/forking_tokens"] = forking_tokens(self.tokenizer, batch.completion_ids, selected)
+        metrics["train/sequences"] = batch.size
+        return metrics
+
+    def _optimize(
+        self, batch: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, num_tokens: float
+    ) -> dict[str, Any]:
+        cfg, lc = self.config, self.config.loss
+        temperature = cfg.sampling.temperature or 1.0
+        sums: dict[str, float] = {}
+        mismatch, loss_total = 0.0, 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, batch.size, cfg.optim.micro_batch_size):
+            index = slice(start, start + cfg.optim.micro_batch_size)
+            mb = batch.rows(index)
+            t = mb.completion_ids.shape[1]
+            with self._autocast():
+                logits = completion_logits(self.model, mb)  # [M, T, V]
+            logprobs, _ = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T]
+            ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
+            loss, m = losses.policy_loss(
+                logprobs, logprobs.detach(), advantages[index], selected[index, :t],
+                eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
+                num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef,
+            )
+            loss.backward()
+            loss_total += float(loss.detach())
+            weight = m.get("tokens", 0.0)
+            for key, value in m.items():
+                sums[key] = sums.get(key, 0.0) + (value if key == "tokens" else value * weight)
+            gap = (logprobs.detach() - mb.behaviour_logprobs).abs()[mb.policy_mask]
+            mismatch += float(gap.sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+        self.optimizer.step()
+        tokens = max(sums.get("tokens", 0.0), 1.0)
+        out = {f"loss/{k}": (v if k == "tokens" else v / tokens) for k, v in sums.items()}
+        out["loss/policy"] = loss_total
+        out["optim/grad_norm"] = float(grad_norm)
+        out["policy/logprob_mismatch"] = mismatch / max(int(batch.policy_mask.sum()), 1)
+        return out
+
+    @torch.no_grad()
+    def _entropy(self, batch: TokenBatch) -> torch.Tensor:
+        """Entropy of the current policy at the sampling temperature (the `trainer` source)."""
+        temperature = self.config.sampling.temperature or 1.0
+        rows = []
+        for start in range(0, batch.size, self.config.optim.micro_batch_size):
+            mb = batch.rows(slice(start, start + self.config.optim.micro_batch_size))
+            with self._autocast():
+                logits = completion_logits(self.model, mb)  # [M, T', V]
+            ent = losses.token_entropy(logits, temperature)  # [M, T']
+            rows.append(torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1])))
+        return torch.cat(rows)  # [B, T]
+
+    @torch.no_grad()
+    def _ref_logprobs(self, mb: TokenBatch, temperature: float) -> torch.Tensor:
+        with self._autocast():
+            logits = completion_logits(self.ref_model, mb)  # [M, T, V]
+        return losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)[0]  # [M, T]
+
+    # ------------------------------------------------------------------ helpers
+
+    def make_env(self) -> Any:
+        return make_env(self.config.env.id, **self.config.env.kwargs)
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        s = self.config.sampling
+        return SamplingParams(s.max_new_tokens, s.temperature, s.top_p, tuple(s.stop), seed)
+
+    def _autocast(self) -> Any:
+        if self.config.model.autocast_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.train_tasks)))
+        random.Random(f"{self.config.run.seed}:{epoch}").shuffle(order)
+        return order
+
+    def draw_tasks(self, n: int) -> list[Task]:
+        """The next `n` training tasks; the order is reshuffled (seeded) every epoch."""
+        out = []
+        for _ in range(n):
+            if self.task_cursor >= len(self._order):
+                self.epoch, self.task_cursor = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+            out.append(self.train_tasks[self._order[self.task_cursor]])
+            self.task_cursor += 1
+        return out
+
+    def evaluate(self, label: str) -> EvalResult:
+        """Greedy accuracy on the held-out tasks; stored under `label` in the run state."""
+        max_new = self.config.eval.max_new_tokens or self.config.sampling.max_new_tokens
+        greedy = SamplingParams(max_new_tokens=max_new, temperature=0.0, seed=0)
+        result = self._loop.run_until_complete(
+            evaluate(self.make_env, self.grader, self.policy, self.test_tasks, greedy,
+                     seed=self.config.run.seed, grade_timeout_s=self.config.rollout.grade_timeout_s)
+        )
+        self.evals[label] = {"accuracy": result.accuracy, "ci95": result.ci95, "n": result.n,
+                             "mean_reward": result.mean_reward, "statuses": result.statuses}
+        return result
+
+    def save(self) -> Path:
+        return save_checkpoint(
+            self.run_dir / "checkpoints", model=self.model, tokenizer=self.tokenizer,
+            optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
+            state={"task_cursor": self.task_cursor, "epoch": self.epoch, "evals": self.evals,
+                   "policy_version": self.policy.version},
+        )
+
+    def close(self) -> None:
+        self.ledger.close()
+        close = getattr(self.grader, "close", None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                self._loop.run_until_complete(result)
+        self._loop.close()
