@@ -4,6 +4,7 @@ The public API is small: the shared types, the environment registry and the grad
 protocol. Everything else lives in its subpackage (see DESIGN.md for the map).
 """
 
+from rldojo.envs.registry import list_envs, make_env, register
 from rldojo.types import (
     Completion,
     Message,
@@ -27,4 +28,7 @@ __all__ = [
     "StepResult",
     "Task",
     "__version__",
+    "list_envs",
+    "make_env",
+    "register",
 ]

@@ -40,8 +40,12 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 @app.command()
 def train(
-    config: Annotated[Path | None, typer.Argument(help="TOML config (default: the quickstart)")] = None,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override, e.g. loss.rho=1.0")] = None,
+    config: Annotated[
+        Path | None, typer.Argument(help="TOML config (default: the quickstart)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override, e.g. loss.rho=1.0")
+    ] = None,
     resume: Annotated[Path | None, typer.Option(help="Resume the run in this directory")] = None,
 ) -> None:
     """Train a policy with forking-token GRPO (default: SmolLM2-135M on arith-v1)."""
@@ -61,7 +65,9 @@ def train(
 
 @app.command("eval")
 def eval_(
-    model: Annotated[str, typer.Option(help="Model name, directory or checkpoint")] = "smollm2-135m-instruct",
+    model: Annotated[
+        str, typer.Option(help="Model name, directory or checkpoint")
+    ] = "smollm2-135m-instruct",
     env: Annotated[str, typer.Option(help="Environment id")] = "arith-v1",
     tasks: Annotated[int, typer.Option(help="Held-out tasks")] = 128,
     max_new_tokens: Annotated[int, typer.Option()] = 48,
@@ -82,18 +88,29 @@ def eval_(
         m, tok = load_model(model)
         policy = TransformersPolicy(m, tok)
         result = asyncio.run(
-            evaluate(lambda: make_env(env), grader, policy, test,
-                     SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0), seed=seed)
+            evaluate(
+                lambda: make_env(env),
+                grader,
+                policy,
+                test,
+                SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+                seed=seed,
+            )
         )
     except _user_errors() as exc:
         _fail(str(exc))
         return
     lo, hi = result.ci95
-    console.print(f"{model} on {env}: accuracy {result.accuracy:.1%} (n={result.n}, 95% CI "
-                  f"{lo:.1%}-{hi:.1%}), mean reward {result.mean_reward:.3f}, statuses {result.statuses}")
+    console.print(
+        f"{model} on {env}: accuracy {result.accuracy:.1%} (n={result.n}, 95% CI "
+        f"{lo:.1%}-{hi:.1%}), mean reward {result.mean_reward:.3f}, statuses {result.statuses}"
+    )
     if out is not None:
-        out.write_text(json.dumps({"accuracy": result.accuracy, "ci95": result.ci95,
-                                   "rows": result.rows}, indent=2))
+        out.write_text(
+            json.dumps(
+                {"accuracy": result.accuracy, "ci95": result.ci95, "rows": result.rows}, indent=2
+            )
+        )
 
 
 @app.command()
@@ -106,8 +123,20 @@ def envs() -> None:
 
 
 def _doctor_rows() -> list[tuple[str, str, str]]:
-    rows: list[tuple[str, str, str]] = [("python", "ok", sys.version.split()[0] + " " + platform.machine())]
-    for pkg in ("torch", "transformers", "gguf", "math_verify", "tensorboard", "pyseccomp", "trl", "ray", "vllm"):
+    rows: list[tuple[str, str, str]] = [
+        ("python", "ok", sys.version.split()[0] + " " + platform.machine())
+    ]
+    for pkg in (
+        "torch",
+        "transformers",
+        "gguf",
+        "math_verify",
+        "tensorboard",
+        "pyseccomp",
+        "trl",
+        "ray",
+        "vllm",
+    ):
         found = importlib.util.find_spec(pkg) is not None
         version = ""
         if found:
@@ -126,9 +155,17 @@ def _doctor_rows() -> list[tuple[str, str, str]]:
         rows.append(("default model", "missing", str(exc)))
     import torch
 
-    rows.append(("backend transformers", "ok", f"cpu threads={torch.get_num_threads()}"
-                 + (", cuda" if torch.cuda.is_available() else "")))
-    rows.append(("backend vllm", "ok" if importlib.util.find_spec("vllm") else "missing", "GPU path"))
+    rows.append(
+        (
+            "backend transformers",
+            "ok",
+            f"cpu threads={torch.get_num_threads()}"
+            + (", cuda" if torch.cuda.is_available() else ""),
+        )
+    )
+    rows.append(
+        ("backend vllm", "ok" if importlib.util.find_spec("vllm") else "missing", "GPU path")
+    )
     rows.append(_sandbox_row())
     return rows
 

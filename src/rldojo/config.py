@@ -92,6 +92,8 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(16, gt=0)
     """Sequences per forward/backward; gradients accumulate over the batch."""
+    share_prompt: bool = True
+    """Run each group's shared prompt through the model once per micro-batch (exact)."""
 
 
 class EvalConfig(_Section):

@@ -28,7 +28,7 @@ ScoreStatus = Literal["ok", "error", "timeout", "invalid"]
 """`ok`: `Score.value` is a real reward. Anything else: no reward, kept out of the gradient."""
 
 RolloutStatus = Literal["ok", "env_error", "policy_error", "timeout", "truncated"]
-"""Status of producing the rollout itself (before grading). Only `ok` and `truncated` are trainable."""
+"""Status of producing the rollout (before grading); only `ok` and `truncated` are trainable."""
 
 FinishReason = Literal["stop", "length"]
 

@@ -72,8 +72,12 @@ def test_step_updates_only_through_selected_tokens(tmp_path):
         from rldojo.types import Score
 
         forced = [
-            Group(g.task, g.rollouts, [Score(value=float(i)) for i in range(len(g.rollouts))],
-                  g.ledger_ids)
+            Group(
+                g.task,
+                g.rollouts,
+                [Score(value=float(i)) for i in range(len(g.rollouts))],
+                g.ledger_ids,
+            )
             for g in groups
         ]
         metrics = trainer.train_on(forced)
@@ -97,8 +101,12 @@ def test_failed_scores_are_excluded_not_zero(tmp_path):
     try:
         groups, *_ = trainer._loop.run_until_complete(trainer.collect_groups())
         g = groups[0]
-        scores = [Score(value=1.0), Score.failed("timeout", "slow"), Score(value=1.0),
-                  Score.failed("error", "boom")]
+        scores = [
+            Score(value=1.0),
+            Score.failed("timeout", "slow"),
+            Score(value=1.0),
+            Score.failed("error", "boom"),
+        ]
         group = Group(g.task, g.rollouts, scores, g.ledger_ids)
         # Two valid samples with equal reward: no signal. Were failures counted as 0 the
         # group would look informative and push the policy away from good samples.

@@ -64,7 +64,7 @@ class SingleTurnEnv:
 
     def __init__(self) -> None:
         self._done = True
-        self._task: Task | None = None
+        self._episode_task: Task | None = None
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
         raise NotImplementedError
@@ -84,7 +84,7 @@ class SingleTurnEnv:
         return messages
 
     async def reset(self, task: Task, *, seed: int) -> Observation:
-        self._task = task
+        self._episode_task = task
         self._done = False
         return Observation(messages=self.prompt_messages(task), info={"seed": seed})
 

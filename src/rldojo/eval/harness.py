@@ -75,8 +75,14 @@ async def evaluate(
     ok = [s for s in scores if s.ok]
     k = sum(passed(s) for s in scores)
     rows = [
-        {"task_id": t.id, "answer": t.answer, "completion": r.completion,
-         "value": s.value, "status": s.status, "passed": passed(s)}
+        {
+            "task_id": t.id,
+            "answer": t.answer,
+            "completion": r.completion,
+            "value": s.value,
+            "status": s.status,
+            "passed": passed(s),
+        }
         for t, r, s in zip(tasks, rollouts, scores, strict=True)
     ]
     return EvalResult(

@@ -89,7 +89,11 @@ def sample(
     positions = (mask.cumsum(-1) - 1).clamp_(min=0)  # [B, P]
     cache = DynamicCache()
     out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
         logits_to_keep=1,
     )
     n = len(prompts)
@@ -121,8 +125,11 @@ def sample(
             alive = [alive[i] for i in keep]
         mask = torch.cat([mask, torch.ones(len(alive), 1, dtype=mask.dtype)], dim=1)  # [B, L]
         out = model(
-            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-            cache=cache, use_cache=True,
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=next_pos[:, None],
+            cache=cache,
+            use_cache=True,
         )
         next_pos = next_pos + 1
         logits = out.logits[:, -1]  # [B, V]

@@ -61,7 +61,10 @@ class TransformersPolicy:
                     params = SamplingParams(**{**sampling.__dict__, "seed": sampling.seed + start})
                 batch = sample(self._gen_model, self.tokenizer, chunk, params, self.eos_ids)
                 rows = zip(
-                    batch.token_ids, batch.logprobs, batch.entropies, batch.finish_reasons,
+                    batch.token_ids,
+                    batch.logprobs,
+                    batch.entropies,
+                    batch.finish_reasons,
                     strict=True,
                 )
                 for ids, lps, ents, reason in rows:

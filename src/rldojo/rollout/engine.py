@@ -188,6 +188,9 @@ async def grade_rollouts(
     gate = asyncio.Semaphore(concurrency)
     return list(
         await asyncio.gather(
-            *(_grade_one(grader, r, t, timeout_s, gate) for r, t in zip(rollouts, tasks, strict=True))
+            *(
+                _grade_one(grader, r, t, timeout_s, gate)
+                for r, t in zip(rollouts, tasks, strict=True)
+            )
         )
     )

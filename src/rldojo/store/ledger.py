@@ -71,12 +71,26 @@ class Ledger:
                     " policy_mask, logprobs, score_value, score_status, components, flags,"
                     " explanation, provenance) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
-                        step, r.task_id, r.env, r.sample_index, r.seed, r.policy_version,
-                        r.status, r.error, json.dumps(r.messages), r.completion,
-                        json.dumps(r.prompt_ids), json.dumps(r.completion_ids),
-                        json.dumps([int(m) for m in r.policy_mask]), json.dumps(r.logprobs),
-                        s.value, s.status, json.dumps(dict(s.components)), json.dumps(s.flags),
-                        s.explanation, json.dumps(dict(s.provenance), default=str),
+                        step,
+                        r.task_id,
+                        r.env,
+                        r.sample_index,
+                        r.seed,
+                        r.policy_version,
+                        r.status,
+                        r.error,
+                        json.dumps(r.messages),
+                        r.completion,
+                        json.dumps(r.prompt_ids),
+                        json.dumps(r.completion_ids),
+                        json.dumps([int(m) for m in r.policy_mask]),
+                        json.dumps(r.logprobs),
+                        s.value,
+                        s.status,
+                        json.dumps(dict(s.components)),
+                        json.dumps(s.flags),
+                        s.explanation,
+                        json.dumps(dict(s.provenance), default=str),
                     ),
                 )
                 ids.append(int(cur.lastrowid or 0))
@@ -84,7 +98,9 @@ class Ledger:
 
     def mark_trained(self, ids: Sequence[int]) -> None:
         with self._db:
-            self._db.executemany("UPDATE rollouts SET trained = 1 WHERE id = ?", [(i,) for i in ids])
+            self._db.executemany(
+                "UPDATE rollouts SET trained = 1 WHERE id = ?", [(i,) for i in ids]
+            )
 
     def add_step(self, step: int, metrics: dict[str, Any]) -> None:
         with self._db:
@@ -113,9 +129,7 @@ class Ledger:
             " WHERE step = ? ORDER BY id LIMIT ?",
             (step, limit),
         )
-        return [
-            {"task_id": t, "completion": c, "reward": v, "status": st} for t, c, v, st in rows
-        ]
+        return [{"task_id": t, "completion": c, "reward": v, "status": st} for t, c, v, st in rows]
 
     def step_metrics(self) -> list[dict[str, Any]]:
         """Metrics of every finished step, in order."""

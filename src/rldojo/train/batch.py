@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from rldojo.types import Rollout
 
@@ -28,6 +30,7 @@ class TokenBatch:
     policy_mask: torch.Tensor  # [B, T] bool, True where the policy wrote the token
     behaviour_logprobs: torch.Tensor  # [B, T] float
     sampler_entropy: torch.Tensor  # [B, T] float (0 where unknown)
+    group_index: torch.Tensor | None = None  # [B] long: rows with equal ids share the prompt
 
     @property
     def size(self) -> int:
@@ -50,10 +53,13 @@ class TokenBatch:
             policy_mask=self.policy_mask[index, :t_keep],
             behaviour_logprobs=self.behaviour_logprobs[index, :t_keep],
             sampler_entropy=self.sampler_entropy[index, :t_keep],
+            group_index=None if self.group_index is None else self.group_index[index],
         )
 
 
-def build_token_batch(rollouts: Sequence[Rollout], pad_id: int) -> TokenBatch:
+def build_token_batch(
+    rollouts: Sequence[Rollout], pad_id: int, group_ids: Sequence[int] | None = None
+) -> TokenBatch:
     """Pad rollouts into one `TokenBatch` (prompts left, completions right)."""
     n = len(rollouts)
     p = max(len(r.prompt_ids) for r in rollouts)
@@ -77,13 +83,27 @@ def build_token_batch(rollouts: Sequence[Rollout], pad_id: int) -> TokenBatch:
             if r.entropies:
                 entropy[row, :lc] = torch.tensor(r.entropies)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [B, L]
+    groups = None if group_ids is None else torch.tensor(list(group_ids), dtype=torch.long)
     return TokenBatch(
-        input_ids, attention, positions, p, completion, policy_mask, logprobs, entropy
+        input_ids, attention, positions, p, completion, policy_mask, logprobs, entropy, groups
     )
 
 
-def completion_logits(model: object, batch: TokenBatch) -> torch.Tensor:
-    """Logits that predict each completion token: `[M, T, V]`."""
+def completion_logits(
+    model: object, batch: TokenBatch, *, share_prefix: bool = True
+) -> torch.Tensor:
+    """Logits that predict each completion token: `[M, T, V]`.
+
+    With `share_prefix`, rows of one group (same task, so the same prompt) run the prompt
+    through the model once and attend to its key/value cache, instead of G times. This is
+    exact, gradients included: the shared keys and values are indexed, not detached, so
+    every row's gradient flows back through the one prompt pass. It removes (G-1)/G of the
+    prompt compute, which dominates when prompts are longer than completions.
+    """
+    if share_prefix and batch.group_index is not None:
+        shared = _shared_prefix_logits(model, batch)
+        if shared is not None:
+            return shared
     t = batch.completion_ids.shape[1]
     out = model(  # type: ignore[operator]
         input_ids=batch.input_ids,
@@ -93,3 +113,33 @@ def completion_logits(model: object, batch: TokenBatch) -> torch.Tensor:
         logits_to_keep=t + 1,
     )
     return out.logits[:, :-1]  # [M, T, V]
+
+
+def _shared_prefix_logits(model: Any, batch: TokenBatch) -> torch.Tensor | None:
+    assert batch.group_index is not None
+    _, inverse = torch.unique(batch.group_index, return_inverse=True)  # [M] -> unique prompt
+    first = torch.zeros(int(inverse.max()) + 1, dtype=torch.long)
+    first.scatter_(0, inverse.flip(0), torch.arange(batch.size - 1, -1, -1))  # first row per group
+    p = batch.prompt_len
+    prompts = batch.input_ids[first, :p]  # [U, P]
+    if not torch.equal(prompts[inverse], batch.input_ids[:, :p]):
+        return None  # rows that claim a group do not share a prompt: use the plain path
+    cache = DynamicCache()
+    head = model(
+        input_ids=prompts,
+        attention_mask=batch.attention_mask[first, :p],
+        position_ids=batch.position_ids[first, :p],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache.batch_select_indices(inverse)  # differentiable gather of the prompt's keys/values
+    tail = model(
+        input_ids=batch.input_ids[:, p:],
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids[:, p:],
+        cache=cache,
+        use_cache=True,
+    )
+    first_logits = head.logits[inverse]  # [M, 1, V] predicts completion token 0
+    return torch.cat([first_logits, tail.logits[:, :-1]], dim=1)  # [M, T, V]

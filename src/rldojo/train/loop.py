@@ -33,12 +33,13 @@ def new_run_dir(config: TrainConfig) -> Path:
 
 
 def _step_line(step: int, m: dict[str, Any]) -> str:
+    g = m.get
     return (
-        f"step {step:>3}  reward {m.get('reward/mean', 0):+.3f}  pass {m.get('reward/pass_rate', 0):.2f}"
-        f"  len {m.get('rollout/completion_len', 0):5.1f}  H p80 {m.get('entropy/p80', 0):.2f}"
-        f"  sel {m.get('entropy/tokens_selected', 0):>4}/{m.get('entropy/tokens_policy', 0):<5}"
-        f"  groups {m.get('rollout/groups_informative', 0)}/{m.get('rollout/groups', 0)}"
-        f"  gen {m.get('time/generate', 0):4.1f}s train {m.get('time/train', 0):4.1f}s"
+        f"step {step:>3} reward {g('reward/mean', 0):+.2f} pass {g('reward/pass_rate', 0):.2f}"
+        f" len {g('rollout/completion_len', 0):3.0f} H80 {g('entropy/p80', 0):.2f}"
+        f" fork {g('entropy/tokens_selected', 0)}/{g('entropy/tokens_policy', 0)}"
+        f" groups {g('rollout/groups_informative', 0)}/{g('rollout/groups', 0)}"
+        f" gen {g('time/generate', 0):.0f}s train {g('time/train', 0):.0f}s"
     )
 
 
@@ -49,7 +50,10 @@ def _write_samples(run_dir: Path, step: int, trainer: Trainer) -> None:
 
 
 def run_training(
-    config: TrainConfig, *, run_dir: Path | None = None, resume: bool = False,
+    config: TrainConfig,
+    *,
+    run_dir: Path | None = None,
+    resume: bool = False,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Train per `config`; returns the summary (also written to RUN/summary.json)."""
@@ -78,9 +82,16 @@ def run_training(
         trainer.close()
 
 
-def _train_steps(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, console: Console) -> None:
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
-               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn())
+def _train_steps(
+    config: TrainConfig, trainer: Trainer, logger: MetricsLogger, console: Console
+) -> None:
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("training", total=config.run.steps, completed=trainer.step_num)
         while trainer.step_num < config.run.steps:
@@ -99,8 +110,10 @@ def _train_steps(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, c
 
 def _report_eval(console: Console, label: str, result: Any) -> None:
     lo, hi = result.ci95
-    console.print(f"held-out accuracy ({label}): [bold]{result.accuracy:.1%}[/] "
-                  f"({result.n} tasks, greedy; 95% CI {lo:.1%}-{hi:.1%}); statuses {result.statuses}")
+    console.print(
+        f"held-out accuracy ({label}): [bold]{result.accuracy:.1%}[/] "
+        f"({result.n} tasks, greedy; 95% CI {lo:.1%}-{hi:.1%}); statuses {result.statuses}"
+    )
 
 
 def _summary(config: TrainConfig, trainer: Trainer, wall_s: float) -> dict[str, Any]:
@@ -124,8 +137,19 @@ def _summary(config: TrainConfig, trainer: Trainer, wall_s: float) -> dict[str, 
 
 def _print_summary(console: Console, s: dict[str, Any]) -> None:
     table = Table(title="rldojo train: summary", show_header=False)
-    for key in ("model", "env", "steps", "accuracy_before", "accuracy_after", "mean_step_s",
-                "wall_s", "rollouts", "rollouts_trained", "statuses", "run_dir"):
+    for key in (
+        "model",
+        "env",
+        "steps",
+        "accuracy_before",
+        "accuracy_after",
+        "mean_step_s",
+        "wall_s",
+        "rollouts",
+        "rollouts_trained",
+        "statuses",
+        "run_dir",
+    ):
         value = s.get(key)
         if isinstance(value, float):
             value = f"{value:.1%}" if key.startswith("accuracy") else f"{value:.1f}"

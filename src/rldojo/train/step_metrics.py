@@ -33,7 +33,11 @@ class Group:
 
     @property
     def rewards(self) -> list[float]:
-        return [float(s.value) for s, ok in zip(self.scores, self.valid, strict=True) if ok and s.value is not None]
+        return [
+            float(s.value)
+            for s, ok in zip(self.scores, self.valid, strict=True)
+            if ok and s.value is not None
+        ]
 
     @property
     def informative(self) -> bool:
@@ -50,7 +54,10 @@ def _pass(score: Score) -> bool:
 
 
 def rollout_metrics(
-    rollouts: Sequence[Rollout], scores: Sequence[Score], groups: Sequence[Group], cfg: RolloutConfig
+    rollouts: Sequence[Rollout],
+    scores: Sequence[Score],
+    groups: Sequence[Group],
+    cfg: RolloutConfig,
 ) -> dict[str, Any]:
     """Reward, pass rate, lengths and failure counts of every rollout drawn this step."""
     ok = [s for s in scores if s.ok]
@@ -61,7 +68,8 @@ def rollout_metrics(
         "reward/pass_rate": sum(_pass(s) for s in ok) / max(len(ok), 1),
         "rollout/samples": len(rollouts),
         "rollout/completion_len": sum(sum(r.policy_mask) for r in rollouts) / max(len(rollouts), 1),
-        "rollout/truncated_frac": sum(bool(r.info.get("truncated_turns")) for r in rollouts) / max(len(rollouts), 1),
+        "rollout/truncated_frac": sum(bool(r.info.get("truncated_turns")) for r in rollouts)
+        / max(len(rollouts), 1),
         "rollout/groups": len(groups),
         "rollout/groups_informative": sum(g.informative for g in groups),
         "rollout/groups_short": max(0, cfg.prompts_per_step - sum(g.informative for g in groups)),
@@ -69,9 +77,9 @@ def rollout_metrics(
     for status, n in Counter(r.status for r in rollouts).items():
         if status != "ok":
             out[f"rollout/status_{status}"] = n
-    for status, n in Counter(s.status for s in scores).items():
-        if status != "ok":
-            out[f"grade/status_{status}"] = n
+    for grade_status, n in Counter(s.status for s in scores).items():
+        if grade_status != "ok":
+            out[f"grade/status_{grade_status}"] = n
     by_env: dict[str, list[float]] = {}
     for r, s in zip(rollouts, scores, strict=True):
         if s.ok:
@@ -87,7 +95,9 @@ def rollout_metrics(
     return out
 
 
-def forking_tokens(tokenizer: Any, token_ids: torch.Tensor, selected: torch.Tensor, top: int = 20) -> list[str]:
+def forking_tokens(
+    tokenizer: Any, token_ids: torch.Tensor, selected: torch.Tensor, top: int = 20
+) -> list[str]:
     """The `top` most frequent selected (forking) tokens as `text×count` strings."""
     counts = Counter(int(t) for t in token_ids[selected].tolist())
     return [f"{tokenizer.decode([tok])!r}×{n}" for tok, n in counts.most_common(top)]

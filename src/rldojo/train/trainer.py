@@ -83,7 +83,9 @@ class Trainer:
         self.policy = TransformersPolicy(self.model, self.tokenizer, generation_dtype=gen_dtype)
         self.ref_model = copy.deepcopy(self.model).eval() if cfg.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
+            self.model.parameters(),
+            lr=cfg.optim.lr,
+            betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -108,7 +110,9 @@ class Trainer:
     def step(self) -> dict[str, Any]:
         """One optimizer step: collect informative groups, then train on them."""
         started = time.perf_counter()
-        groups, all_rollouts, all_scores, timing, rounds = self._loop.run_until_complete(self.collect_groups())
+        groups, all_rollouts, all_scores, timing, rounds = self._loop.run_until_complete(
+            self.collect_groups()
+        )
         metrics = rollout_metrics(all_rollouts, all_scores, groups, self.config.rollout)
         metrics["rollout/extra_rounds"] = rounds
         trained = [g for g in groups if g.informative]
@@ -150,24 +154,37 @@ class Trainer:
     async def _roll_groups(self, tasks: list[Task], rnd: int, timing: dict) -> list[Group]:
         cfg = self.config
         seed = cfg.run.seed * 1_000_003 + self.step_num * 101 + rnd
-        requests = [(t, g, seed + i) for i, t in enumerate(tasks) for g in range(cfg.rollout.group_size)]
+        requests = [
+            (t, g, seed + i) for i, t in enumerate(tasks) for g in range(cfg.rollout.group_size)
+        ]
         t0 = time.perf_counter()
         rollouts = await collect_rollouts(
-            self.make_env, self.policy, requests, self.sampling(seed),
+            self.make_env,
+            self.policy,
+            requests,
+            self.sampling(seed),
             env_timeout_s=cfg.rollout.env_timeout_s,
         )
         t1 = time.perf_counter()
         scores = await grade_rollouts(
-            self.grader, rollouts, [t for t, _, _ in requests],
-            timeout_s=cfg.rollout.grade_timeout_s, concurrency=cfg.rollout.grade_concurrency,
+            self.grader,
+            rollouts,
+            [t for t, _, _ in requests],
+            timeout_s=cfg.rollout.grade_timeout_s,
+            concurrency=cfg.rollout.grade_concurrency,
         )
         timing["time/generate"] += t1 - t0
         timing["time/grade"] += time.perf_counter() - t1
         ids = self.ledger.add(self.step_num, rollouts, scores)  # durable before training
         g = cfg.rollout.group_size
         return [
-            Group(tasks[i], rollouts[i * g : (i + 1) * g], scores[i * g : (i + 1) * g],
-                  ids[i * g : (i + 1) * g], require_variance=cfg.rollout.dynamic_sampling)
+            Group(
+                tasks[i],
+                rollouts[i * g : (i + 1) * g],
+                scores[i * g : (i + 1) * g],
+                ids[i * g : (i + 1) * g],
+                require_variance=cfg.rollout.dynamic_sampling,
+            )
             for i in range(len(tasks))
         ]
 
@@ -175,22 +192,34 @@ class Trainer:
         """Advantages -> entropy -> forking-token mask -> accumulated loss -> optimizer step."""
         cfg, lc = self.config, self.config.loss
         rollouts = [r for g in groups for r, ok in zip(g.rollouts, g.valid, strict=True) if ok]
-        rewards = torch.tensor([s.value for g in groups for s, ok in zip(g.scores, g.valid, strict=True) if ok])  # [B]
+        rewards = torch.tensor(
+            [s.value for g in groups for s, ok in zip(g.scores, g.valid, strict=True) if ok]
+        )  # [B]
         group_ids = torch.tensor([i for i, g in enumerate(groups) for ok in g.valid if ok])  # [B]
-        advantages = losses.group_advantages(rewards, group_ids, scale_by_std=lc.scale_adv_by_std)  # [B]
-        batch = build_token_batch(rollouts, self.tokenizer.pad_token_id)
-        entropy = batch.sampler_entropy if lc.entropy_source == "sampler" else self._entropy(batch)  # [B, T]
+        advantages = losses.group_advantages(
+            rewards, group_ids, scale_by_std=lc.scale_adv_by_std
+        )  # [B]
+        batch = build_token_batch(rollouts, self.tokenizer.pad_token_id, group_ids.tolist())
+        entropy = (
+            batch.sampler_entropy if lc.entropy_source == "sampler" else self._entropy(batch)
+        )  # [B, T]
         selected = losses.high_entropy_mask(
             entropy, batch.policy_mask, lc.rho, lc.scope, cfg.optim.micro_batch_size
         )  # [B, T]
         num_tokens = losses.loss_normaliser(selected, batch.policy_mask, lc.normaliser)
         metrics = self._optimize(batch, advantages, selected, num_tokens)
         self.policy.update_weights()
-        metrics |= {f"entropy/{k}": v for k, v in losses.entropy_stats(entropy, batch.policy_mask).items()}
-        metrics["entropy/threshold"] = losses.high_entropy_threshold(entropy, batch.policy_mask, lc.rho)
+        metrics |= {
+            f"entropy/{k}": v for k, v in losses.entropy_stats(entropy, batch.policy_mask).items()
+        }
+        metrics["entropy/threshold"] = losses.high_entropy_threshold(
+            entropy, batch.policy_mask, lc.rho
+        )
         metrics["entropy/tokens_selected"] = int(selected.sum())
         metrics["entropy/tokens_policy"] = int(batch.policy_mask.sum())
-        metrics["entropy/forking_tokens"] = forking_tokens(self.tokenizer, batch.completion_ids, selected)
+        metrics["entropy/forking_tokens"] = forking_tokens(
+            self.tokenizer, batch.completion_ids, selected
+        )
         metrics["train/sequences"] = batch.size
         return metrics
 
@@ -207,13 +236,24 @@ class Trainer:
             mb = batch.rows(index)
             t = mb.completion_ids.shape[1]
             with self._autocast():
-                logits = completion_logits(self.model, mb)  # [M, T, V]
-            logprobs, _ = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T]
+                logits = completion_logits(
+                    self.model, mb, share_prefix=cfg.optim.share_prompt
+                )  # [M, T, V]
+            logprobs, _ = losses.logprobs_and_entropy(
+                logits, mb.completion_ids, temperature
+            )  # [M, T]
             ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
             loss, m = losses.policy_loss(
-                logprobs, logprobs.detach(), advantages[index], selected[index, :t],
-                eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
-                num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef,
+                logprobs,
+                logprobs.detach(),
+                advantages[index],
+                selected[index, :t],
+                eps_low=lc.eps_low,
+                eps_high=lc.eps_high,
+                dual_clip=lc.dual_clip,
+                num_tokens=num_tokens,
+                ref_logprobs=ref,
+                kl_coef=lc.kl_coef,
             )
             loss.backward()
             loss_total += float(loss.detach())
@@ -241,7 +281,9 @@ class Trainer:
             with self._autocast():
                 logits = completion_logits(self.model, mb)  # [M, T', V]
             ent = losses.token_entropy(logits, temperature)  # [M, T']
-            rows.append(torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1])))
+            rows.append(
+                torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1]))
+            )
         return torch.cat(rows)  # [B, T]
 
     @torch.no_grad()
@@ -285,19 +327,39 @@ class Trainer:
         max_new = self.config.eval.max_new_tokens or self.config.sampling.max_new_tokens
         greedy = SamplingParams(max_new_tokens=max_new, temperature=0.0, seed=0)
         result = self._loop.run_until_complete(
-            evaluate(self.make_env, self.grader, self.policy, self.test_tasks, greedy,
-                     seed=self.config.run.seed, grade_timeout_s=self.config.rollout.grade_timeout_s)
+            evaluate(
+                self.make_env,
+                self.grader,
+                self.policy,
+                self.test_tasks,
+                greedy,
+                seed=self.config.run.seed,
+                grade_timeout_s=self.config.rollout.grade_timeout_s,
+            )
         )
-        self.evals[label] = {"accuracy": result.accuracy, "ci95": result.ci95, "n": result.n,
-                             "mean_reward": result.mean_reward, "statuses": result.statuses}
+        self.evals[label] = {
+            "accuracy": result.accuracy,
+            "ci95": result.ci95,
+            "n": result.n,
+            "mean_reward": result.mean_reward,
+            "statuses": result.statuses,
+        }
         return result
 
     def save(self) -> Path:
         return save_checkpoint(
-            self.run_dir / "checkpoints", model=self.model, tokenizer=self.tokenizer,
-            optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
-            state={"task_cursor": self.task_cursor, "epoch": self.epoch, "evals": self.evals,
-                   "policy_version": self.policy.version},
+            self.run_dir / "checkpoints",
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            step=self.step_num,
+            state={
+                "task_cursor": self.task_cursor,
+                "epoch": self.epoch,
+                "evals": self.evals,
+                "policy_version": self.policy.version,
+            },
         )
 
     def close(self) -> None:

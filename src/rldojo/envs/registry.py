@@ -1,0 +1,157 @@
+"""The environment registry: versioned ids ("arith-v1") mapped to factories.
+
+    register("my-env-v1", MyEnv)            # a class or any callable returning an Env
+    env = make_env("my-env-v1", level=2)    # kwargs go to the factory
+    env = make_env("my_pkg.envs:make_env")  # no registration needed: import and call
+    list_envs()                             # ["arith-v1", "math-v1", "my-env-v1"]
+
+Built-in environments register themselves when their module is imported; the registry
+imports the modules named in `BUILTIN_MODULES` on first use (`make_env`, `list_envs`,
+`register`), so ``import rldojo.envs`` stays cheap. To add a built-in, write
+``register("x-v1", XEnv)`` at the bottom of its module and add the module to the tuple.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from rldojo.envs.base import Env
+
+__all__ = ["BUILTIN_MODULES", "UnknownEnvError", "list_envs", "make_env", "register"]
+
+BUILTIN_MODULES: tuple[str, ...] = ("rldojo.envs.arith", "rldojo.envs.math")
+"""Modules that register the built-in environments when imported."""
+
+ENV_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")
+"""Ids are lowercase names with a version suffix: ``arith-v1``, ``crm.sales-v2``."""
+
+_factories: dict[str, Callable[..., Env]] = {}
+_builtins_state = "unloaded"  # -> "loading" -> "loaded"
+_builtin_errors: dict[str, str] = {}
+
+
+class UnknownEnvError(KeyError):
+    """`make_env` was given an id that is not registered (or a factory path that fails)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message, quotes and all
+        return str(self.args[0]) if self.args else ""
+
+
+def _load_builtins() -> None:
+    """Import the built-in environment modules once; they call `register` themselves.
+
+    A built-in that fails to import is reported (warning, and in `UnknownEnvError`
+    messages) instead of breaking every other environment.
+    """
+    global _builtins_state
+    if _builtins_state != "unloaded":
+        return
+    _builtins_state = "loading"
+    try:
+        for module in BUILTIN_MODULES:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                _builtin_errors[module] = f"{type(exc).__name__}: {exc}"
+                warnings.warn(
+                    f"rldojo: built-in environment module {module} failed to import: {exc}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+    finally:
+        _builtins_state = "loaded"
+
+
+def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = False) -> None:
+    """Register `factory` (called with `make_env`'s kwargs) under `env_id`.
+
+    Raises ValueError when `env_id` does not look like ``name-v<N>`` (lowercase letters,
+    digits, ``_.-``), when `factory` is not callable, or when the id is taken and
+    `overwrite` is False.
+    """
+    if not isinstance(env_id, str) or not ENV_ID_PATTERN.match(env_id):
+        raise ValueError(
+            f"invalid environment id {env_id!r}: expected lowercase 'name-v<N>' "
+            f"matching {ENV_ID_PATTERN.pattern}"
+        )
+    if not callable(factory):
+        raise ValueError(f"factory for {env_id!r} is not callable: {factory!r}")
+    _load_builtins()  # so that a user id clashing with a built-in is caught here
+    if env_id in _factories and not overwrite:
+        raise ValueError(f"environment {env_id!r} is already registered; pass overwrite=True")
+    _factories[env_id] = factory
+
+
+def list_envs() -> list[str]:
+    """All registered environment ids, sorted."""
+    _load_builtins()
+    return sorted(_factories)
+
+
+def _unknown(env_id: str) -> UnknownEnvError:
+    known = list_envs()
+    message = f"unknown environment {env_id!r}"
+    close = difflib.get_close_matches(env_id, known, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    message += f"; known: {', '.join(known) or '(none)'}; or pass 'package.module:factory'"
+    if _builtin_errors:
+        failed = "; ".join(f"{m}: {e}" for m, e in _builtin_errors.items())
+        message += f"; built-ins that failed to import: {failed}"
+    return UnknownEnvError(" ".join(message.split()))
+
+
+def _resolve_path(env_id: str) -> Callable[..., Env]:
+    """``"pkg.module:factory"`` (attribute may be dotted) -> the factory."""
+    module_name, _, attr = env_id.partition(":")
+    if not module_name or not attr:
+        raise _unknown(env_id)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise UnknownEnvError(f"environment {env_id!r}: no module named {exc.name!r}") from None
+        raise  # the module exists but one of its own imports is missing
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UnknownEnvError(
+                f"environment {env_id!r}: module {module_name!r} has no attribute {attr!r}"
+            ) from None
+    if not callable(target):
+        raise UnknownEnvError(f"environment {env_id!r}: {attr!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def make_env(env_id: str, **kwargs: Any) -> Env:
+    """Build the environment registered as `env_id`, passing `kwargs` to its factory.
+
+    `env_id` may also be ``"pkg.module:factory"``: the module is imported and the
+    factory called with `kwargs`. Raises `UnknownEnvError` (a KeyError) for an unknown
+    id, and TypeError when the factory returns something that is not an `Env`.
+    """
+    if ":" in env_id:
+        factory = _resolve_path(env_id)
+    else:
+        _load_builtins()
+        if env_id not in _factories:
+            raise _unknown(env_id)
+        factory = _factories[env_id]
+    env = factory(**kwargs)
+    if not isinstance(env, Env):
+        missing = [
+            name
+            for name in ("env_id", "tasks", "reset", "step", "close", "default_grader")
+            if not hasattr(env, name)
+        ]
+        raise TypeError(
+            f"factory for {env_id!r} returned {type(env).__name__}, which is not an Env "
+            f"(missing: {', '.join(missing)})"
+        )
+    return env
