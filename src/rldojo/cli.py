@@ -1,4 +1,4 @@
-"""The `rldojo` command line: train | eval | envs | doctor.
+"""The `rldojo` command line: train | envs | doctor, plus subsystem commands (eval, ...).
 
 Every command turns bad input into a one-line error and exit code 2 (config errors name
 the file and key; data errors name the file, line and field), never a traceback.
@@ -6,9 +6,7 @@ the file and key; data errors name the file, line and field), never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import json
 import os
 import platform
 import sys
@@ -25,12 +23,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
     console.print(f"[red]error:[/] {message}", soft_wrap=True)
     raise typer.Exit(2)
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
+def user_errors() -> tuple[type[Exception], ...]:
     from rldojo.data.loading import DataError
     from rldojo.envs.registry import UnknownEnvError
     from rldojo.policy.models import ModelLoadError
@@ -59,58 +57,8 @@ def train(
         else:
             cfg = load_config(config, set_ or [])
             run_training(cfg, console=console)
-    except _user_errors() as exc:
-        _fail(str(exc))
-
-
-@app.command("eval")
-def eval_(
-    model: Annotated[
-        str, typer.Option(help="Model name, directory or checkpoint")
-    ] = "smollm2-135m-instruct",
-    env: Annotated[str, typer.Option(help="Environment id")] = "arith-v1",
-    tasks: Annotated[int, typer.Option(help="Held-out tasks")] = 128,
-    max_new_tokens: Annotated[int, typer.Option()] = 48,
-    seed: Annotated[int, typer.Option()] = 0,
-    out: Annotated[Path | None, typer.Option(help="Write per-task results as JSON")] = None,
-) -> None:
-    """Greedy held-out accuracy of a model on an environment's test split."""
-    from rldojo.envs.registry import make_env
-    from rldojo.eval.harness import evaluate
-    from rldojo.policy.models import load_model
-    from rldojo.policy.transformers_backend import TransformersPolicy
-    from rldojo.types import SamplingParams
-
-    try:
-        environment = make_env(env)
-        grader = environment.default_grader()
-        test = list(environment.tasks("test", seed=seed, n=tasks))[:tasks]
-        m, tok = load_model(model)
-        policy = TransformersPolicy(m, tok)
-        result = asyncio.run(
-            evaluate(
-                lambda: make_env(env),
-                grader,
-                policy,
-                test,
-                SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
-                seed=seed,
-            )
-        )
-    except _user_errors() as exc:
-        _fail(str(exc))
-        return
-    lo, hi = result.ci95
-    console.print(
-        f"{model} on {env}: accuracy {result.accuracy:.1%} (n={result.n}, 95% CI "
-        f"{lo:.1%}-{hi:.1%}), mean reward {result.mean_reward:.3f}, statuses {result.statuses}"
-    )
-    if out is not None:
-        out.write_text(
-            json.dumps(
-                {"accuracy": result.accuracy, "ci95": result.ci95, "rows": result.rows}, indent=2
-            )
-        )
+    except user_errors() as exc:
+        fail(str(exc))
 
 
 @app.command()
@@ -195,6 +143,19 @@ def doctor() -> None:
     console.print(table)
     console.print(f"cache: {os.environ.get('RLDOJO_CACHE', '~/.cache/rldojo')}")
 
+
+def _register_subsystem_commands() -> None:
+    import importlib
+
+    from rldojo.commands import COMMAND_MODULES
+
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(name) is None:
+            continue
+        importlib.import_module(name).register(app)
+
+
+_register_subsystem_commands()
 
 if __name__ == "__main__":
     app()

@@ -1,7 +1,7 @@
 """Configuration: one pydantic model per component, loaded from TOML plus `--set` overrides.
 
 A training config is a TOML file whose tables match the sections below (`[model]`,
-`[env]`, `[sampling]`, `[rollout]`, `[loss]`, `[optim]`, `[eval]`, `[run]`); every key
+`[env]`, `[grader]`, `[sampling]`, `[rollout]`, `[loss]`, `[optim]`, `[eval]`, `[run]`); every key
 is optional and documented once, here. Unknown keys are errors (typos must not silently
 fall back to defaults). Every error is one line naming the file and the key, e.g.
 `my.toml: loss.rho: Input should be less than or equal to 1`.
@@ -42,6 +42,12 @@ class EnvConfig(_Section):
     """How many train tasks to draw (None: the environment's default)."""
 
 
+class GraderConfig(_Section):
+    spec: str | dict[str, Any] | None = None
+    """A grader spec (OpenAI grader JSON/TOML file path, or an inline table) that replaces
+    the environment's default grader; see `rldojo.graders.load`."""
+
+
 class SamplingConfig(_Section):
     max_new_tokens: int = Field(48, gt=0)
     temperature: float = Field(0.7, ge=0.0)
@@ -59,6 +65,8 @@ class RolloutConfig(_Section):
     """Drop groups whose rewards do not vary (no signal) and draw more tasks (DAPO)."""
     max_extra_rounds: int = Field(1, ge=0)
     """Extra draws to refill dropped groups before training on a partial batch."""
+    max_turns: int = Field(8, gt=0)
+    """Policy turns per episode before it is cut (status `truncated`)."""
     env_timeout_s: float = Field(30.0, gt=0)
     """Per-call timeout of an environment's reset/step."""
     grade_timeout_s: float = Field(30.0, gt=0)
@@ -122,6 +130,7 @@ class RunConfig(_Section):
 class TrainConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    grader: GraderConfig = Field(default_factory=GraderConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     loss: LossConfig = Field(default_factory=LossConfig)

@@ -80,12 +80,13 @@ def rollout_metrics(
     for grade_status, n in Counter(s.status for s in scores).items():
         if grade_status != "ok":
             out[f"grade/status_{grade_status}"] = n
-    by_env: dict[str, list[float]] = {}
+    by_env: dict[str, list[Score]] = {}
     for r, s in zip(rollouts, scores, strict=True):
         if s.ok:
-            by_env.setdefault(r.env or "env", []).append(float(s.value or 0.0))
-    for env, vals in by_env.items():
-        out[f"reward/{env}/mean"] = sum(vals) / len(vals)
+            by_env.setdefault(r.env or "env", []).append(s)
+    for env, env_scores in by_env.items():
+        out[f"reward/{env}/mean"] = sum(float(s.value or 0.0) for s in env_scores) / len(env_scores)
+        out[f"reward/{env}/pass_rate"] = sum(_pass(s) for s in env_scores) / len(env_scores)
     components: dict[str, list[float]] = {}
     for s in ok:
         for name, value in s.components.items():

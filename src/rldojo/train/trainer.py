@@ -19,6 +19,7 @@ import copy
 import math
 import random
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -39,6 +40,12 @@ from rldojo.train import losses
 from rldojo.train.batch import TokenBatch, build_token_batch, completion_logits
 from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
 from rldojo.types import Rollout, SamplingParams, Score, Task
+
+
+def _load_grader(spec: Any) -> Any:
+    from rldojo.graders import load  # type: ignore[attr-defined]
+
+    return load(spec)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -72,7 +79,9 @@ class Trainer:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         env = self.make_env()
-        self.grader = env.default_grader()
+        self.grader = (
+            env.default_grader() if cfg.grader.spec is None else _load_grader(cfg.grader.spec)
+        )
         self.train_tasks = list(env.tasks("train", seed=cfg.run.seed, n=cfg.env.train_tasks))
         self.test_tasks = list(env.tasks("test", seed=cfg.run.seed, n=cfg.eval.tasks or 1))
         self.test_tasks = self.test_tasks[: cfg.eval.tasks]
@@ -124,7 +133,9 @@ class Trainer:
         else:
             metrics["train/skipped"] = 1  # no signal in any group: no update this step
         self.step_num += 1
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped update still advances the LR schedule
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
         timing["time/step"] = time.perf_counter() - started
         n_tokens = sum(len(r.completion_ids) for r in all_rollouts)
         metrics |= timing | {"time/tokens_per_s_generate": n_tokens / timing["time/generate"]}
@@ -164,6 +175,7 @@ class Trainer:
             requests,
             self.sampling(seed),
             env_timeout_s=cfg.rollout.env_timeout_s,
+            max_turns=cfg.rollout.max_turns,
         )
         t1 = time.perf_counter()
         scores = await grade_rollouts(
