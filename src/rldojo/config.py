@@ -33,13 +33,22 @@ class ModelConfig(_Section):
     """Train under bf16 autocast (fp32 master weights and optimizer state)."""
 
 
+class EnvMixEntry(_Section):
+    id: str
+    weight: float = Field(1.0, gt=0.0)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
 class EnvConfig(_Section):
     id: str = "arith-v1"
     """Registered environment id, or `package.module:factory`."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for the environment factory (e.g. `levels = [1]`)."""
     train_tasks: int | None = None
-    """How many train tasks to draw (None: the environment's default)."""
+    """How many train tasks to draw per environment (None: the environment's default)."""
+    mix: list[EnvMixEntry] = Field(default_factory=list)
+    """Several environments in every batch, drawn by weight (replaces `id`/`kwargs`), e.g.
+    `mix = [{id = "arith-v1", weight = 0.7}, {id = "math-v1", weight = 0.3, kwargs = {...}}]`."""
 
 
 class GraderConfig(_Section):
@@ -86,6 +95,10 @@ class LossConfig(_Section):
     kl_coef: float = Field(0.0, ge=0.0)
     """k3 KL to the initial model; 0 disables it and skips the reference model."""
     scale_adv_by_std: bool = True
+    tis_cap: float | None = Field(2.0, gt=0.0)
+    """Truncated importance sampling: weight each token by min(pi_train / pi_sampler, cap)
+    to correct sampler/trainer numeric mismatch or stale samples (Yao et al. 2025); None
+    turns it off."""
     entropy_source: Literal["sampler", "trainer"] = "sampler"
     """`sampler`: entropies recorded while sampling (free, on-policy); `trainer`: recomputed
     by a no-grad forward of the training model (exact in its dtype, costs a forward)."""

@@ -126,7 +126,7 @@ def test_resume_continues_step_and_data_order(tmp_path):
     resumed = Trainer(_config(tmp_path, "run.steps=2", "eval.tasks=0"), run, resume=True)
     try:
         assert resumed.step_num == 1
-        assert resumed.task_cursor == 2
+        assert resumed.envs.draws == 2
         state = resumed.model.state_dict()
         for key, value in saved.items():
             assert torch.equal(state[key], value), key

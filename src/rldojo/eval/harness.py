@@ -1,9 +1,20 @@
-"""Held-out evaluation: greedy (or sampled) answers on a test split, graded, summarised.
+"""Held-out evaluation: answers on a test split, graded, summarised with intervals.
 
-The trainer calls `evaluate` before and after training; `rldojo eval` calls it for any
-model. Accuracy is the share of tasks whose score passes (`components["correct"] == 1`
-when the grader reports correctness, else `value >= pass_threshold`); grader failures are
-counted separately and are not counted as wrong.
+`evaluate` (one sample per task, accuracy + Wilson interval) is what the trainer calls
+before and after training. `evaluate_samples` draws K samples per task and keeps every
+grade, so `SampledEval.summary` can report pass@k (unbiased), avg@k and maj@k with
+task-level bootstrap intervals, and `compare_evals` can pair two models on the same
+tasks (paired bootstrap and exact McNemar; see `rldojo.eval.stats`).
+
+A task *passes* when its score passes (`components["correct"] == 1` when the grader
+reports correctness, else `value >= pass_threshold`). Grader and rollout failures are
+not wrong answers: they are counted by status and left out of every denominator.
+
+Policies: any `rldojo.policy.base.Policy` (the local transformers model), or a
+`TextPolicy`, which adapts a text-level chat function to the token-level protocol with a
+byte codec, so the same rollout engine (multi-turn included) drives `OpenAIPolicy` (any
+OpenAI-compatible endpoint, e.g. `rldojo serve` or vLLM) and `callable_policy(fn)`
+(baselines, oracles, tests).
 """
 
 from __future__ import annotations
@@ -11,14 +22,23 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rldojo.envs.base import Env
+from rldojo.eval.stats import (
+    bootstrap_ci,
+    majority_correct,
+    mcnemar,
+    paired_bootstrap,
+    pass_at_k,
+)
 from rldojo.graders.base import Grader
+from rldojo.graders.rules import extract_answer, normalize_answer
 from rldojo.policy.base import Policy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
-from rldojo.types import Rollout, SamplingParams, Score, Task
+from rldojo.types import Completion, Message, Rollout, SamplingParams, Score, Task
 
 
 @dataclass
@@ -59,7 +79,7 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 async def evaluate(
-    make_env: Callable[[], Env],
+    make_env: Callable[[Task], Env] | Callable[[], Env],
     grader: Grader,
     policy: Policy,
     tasks: Sequence[Task],
@@ -93,3 +113,309 @@ async def evaluate(
         ci95=wilson_interval(k, len(tasks)),
         rows=rows,
     )
+
+
+# ------------------------------------------------------------------ text-level policies
+
+_MSG, _ROLE_END, _MSG_END = 256, 257, 258
+"""Byte codec markers: ids 0..255 are UTF-8 bytes, these three frame the messages."""
+
+
+def _encode_message(role: str, content: str | None) -> list[int]:
+    ids = [_MSG, *role.encode(), _ROLE_END]
+    return ids if content is None else [*ids, *content.encode(), _MSG_END]
+
+
+def decode_chat(ids: Sequence[int]) -> list[Message]:
+    """Inverse of `TextPolicy.encode_chat`, dropping the trailing open assistant turn."""
+    messages: list[Message] = []
+    role, buf = "", bytearray()
+    for tok in ids:
+        if tok == _MSG:
+            role, buf = "", bytearray()
+        elif tok == _ROLE_END:
+            role, buf = buf.decode(), bytearray()
+        elif tok == _MSG_END:
+            messages.append({"role": role, "content": buf.decode(errors="replace")})
+            buf = bytearray()
+        else:
+            buf.append(tok)
+    return messages
+
+
+ChatFunction = Callable[[list[list[Message]], SamplingParams], list[str]]
+"""Answers a batch of conversations: one assistant text per conversation."""
+
+
+class TextPolicy:
+    """A text-level chat function as a token-level `Policy`, for evaluation only.
+
+    Conversations are encoded as framed UTF-8 bytes, so an encoded conversation is a
+    prefix of the encoding of its continuation — exactly what the rollout engine needs to
+    splice environment turns between policy turns. Completions carry no log-probs.
+    """
+
+    tokenizer: Any = None
+
+    def __init__(self, complete: ChatFunction) -> None:
+        self.version = 0
+        self._complete = complete
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        ids = [tok for m in messages for tok in _encode_message(m["role"], m["content"])]
+        return ids + _encode_message("assistant", None)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Completion]:
+        texts = self._complete([decode_chat(p) for p in prompts], sampling)
+        out = []
+        for text in texts:
+            ids = (*text.encode(), _MSG_END)
+            out.append(Completion(text, ids, (0.0,) * len(ids), "stop"))
+        return out
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError("a TextPolicy has no weights to update")
+
+
+def callable_policy(fn: Callable[[list[Message]], str]) -> TextPolicy:
+    """A policy that answers each conversation with `fn(messages)` (baselines, oracles)."""
+    return TextPolicy(lambda batch, _sampling: [fn(messages) for messages in batch])
+
+
+class OpenAIPolicy(TextPolicy):
+    """Samples from an OpenAI-compatible chat endpoint (`rldojo serve`, vLLM, a provider).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000/v1``.
+        model: the served model name.
+        api_key: sent as the bearer token (local servers accept any string).
+        concurrency: requests in flight at once.
+        timeout_s: per-request timeout; the SDK retries `max_retries` times.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str = "EMPTY",
+        concurrency: int = 8,
+        timeout_s: float = 120.0,
+        max_retries: int = 2,
+    ) -> None:
+        from openai import OpenAI
+
+        super().__init__(self._complete_batch)
+        self.model = model
+        self.concurrency = concurrency
+        self._client = OpenAI(
+            base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=max_retries
+        )
+
+    def _one(self, messages: list[Message], sampling: SamplingParams, index: int) -> str:
+        response = self._client.chat.completions.create(
+            model=self.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=sampling.max_new_tokens,
+            temperature=max(sampling.temperature, 0.0),
+            top_p=sampling.top_p,
+            stop=list(sampling.stop) or None,
+            seed=None if sampling.seed is None else sampling.seed + index,
+        )
+        return response.choices[0].message.content or ""
+
+    def _complete_batch(self, batch: list[list[Message]], sampling: SamplingParams) -> list[str]:
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(self._one, batch, [sampling] * len(batch), range(len(batch))))
+
+
+# ------------------------------------------------------------------ K samples per task
+
+
+@dataclass
+class TaskResult:
+    """All K graded samples of one task. Failed samples (status not ok) are kept but are
+    left out of `n`, `c` and every metric."""
+
+    task_id: str
+    reference: str | None
+    passes: list[bool]
+    statuses: list[str]
+    values: list[float | None]
+    answers: list[str | None]
+    completions: list[str]
+
+    @property
+    def n(self) -> int:
+        return sum(s == "ok" for s in self.statuses)
+
+    @property
+    def c(self) -> int:
+        return sum(p for p, s in zip(self.passes, self.statuses, strict=True) if s == "ok")
+
+    def pass_at(self, k: int) -> float | None:
+        """Unbiased pass@k of this task; None with fewer than k graded samples."""
+        return pass_at_k(self.n, self.c, k) if self.n >= k else None
+
+    def majority(self) -> bool | None:
+        """Whether the majority (normalised) answer of the graded samples is correct."""
+        ok = [i for i, s in enumerate(self.statuses) if s == "ok"]
+        if not ok:
+            return None
+        return majority_correct([self.answers[i] for i in ok], [self.passes[i] for i in ok])
+
+    def mean_reward(self) -> float | None:
+        vals = [v for v, s in zip(self.values, self.statuses, strict=True) if s == "ok"]
+        return sum(v or 0.0 for v in vals) / len(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class MetricCI:
+    """A metric's value over `n` tasks with its bootstrap interval."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+
+
+@dataclass
+class SampledEval:
+    """The result of `evaluate_samples`: per-task results and per-sample records."""
+
+    samples: int
+    tasks: list[TaskResult]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def statuses(self) -> dict[str, int]:
+        return dict(Counter(s for t in self.tasks for s in t.statuses))
+
+    def per_task(self, metric: str) -> dict[str, float]:
+        """Per-task scores of `metric` (`pass@K`, `avg`, `maj`, `reward`), tasks with data."""
+        out: dict[str, float] = {}
+        for t in self.tasks:
+            value: float | bool | None
+            if metric.startswith("pass@"):
+                value = t.pass_at(int(metric[5:]))
+            elif metric == "avg":
+                value = t.c / t.n if t.n else None
+            elif metric == "maj":
+                value = t.majority()
+            elif metric == "reward":
+                value = t.mean_reward()
+            else:
+                raise ValueError(f"unknown metric {metric!r}")
+            if value is not None:
+                out[t.task_id] = float(value)
+        return out
+
+    def summary(
+        self, ks: Sequence[int] = (1,), *, n_resamples: int = 2000, seed: int = 0
+    ) -> dict[str, MetricCI]:
+        """pass@k for each k, avg@K, maj@K and mean reward, with 95% bootstrap intervals."""
+        names = [f"pass@{k}" for k in ks if k <= self.samples]
+        names += [f"avg@{self.samples}", f"maj@{self.samples}", "reward"]
+        out = {}
+        for name in names:
+            key = name.split("@")[0] if name[:3] in ("avg", "maj") else name
+            values = list(self.per_task(key).values())
+            mean = sum(values) / len(values) if values else math.nan
+            lo, hi = bootstrap_ci(values, n_resamples=n_resamples, seed=seed)
+            out[name] = MetricCI(mean, lo, hi, len(values))
+        return out
+
+
+def _record(task: Task, r: Rollout, s: Score, ok: bool) -> dict[str, Any]:
+    return {
+        "task_id": task.id,
+        "env": r.env or task.env,
+        "sample": r.sample_index,
+        "status": r.status,
+        "error": r.error,
+        "score_status": s.status,
+        "value": s.value,
+        "components": dict(s.components),
+        "flags": list(s.flags),
+        "explanation": s.explanation,
+        "completion": r.completion,
+        "passed": ok,
+        "info": {k: v for k, v in r.info.items() if isinstance(v, str | int | float | bool)},
+    }
+
+
+def _normalised_answer(text: str) -> str | None:
+    answer = extract_answer(text)
+    return None if answer is None else normalize_answer(answer)
+
+
+async def evaluate_samples(
+    make_env: Callable[[], Env],
+    grader: Grader,
+    policy: Policy,
+    tasks: Sequence[Task],
+    sampling: SamplingParams,
+    *,
+    samples: int = 1,
+    seed: int = 0,
+    grade_timeout_s: float = 30.0,
+) -> SampledEval:
+    """Run every task `samples` times with `sampling` and keep every grade."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    requests = [(t, j, seed + i * samples + j) for i, t in enumerate(tasks) for j in range(samples)]
+    params = sampling if sampling.seed is not None else replace(sampling, seed=seed)
+    rollouts = await collect_rollouts(make_env, policy, requests, params)
+    scores = await grade_rollouts(
+        grader, rollouts, [t for t, _, _ in requests], timeout_s=grade_timeout_s
+    )
+    results, records = [], []
+    for i, task in enumerate(tasks):
+        rs, ss = rollouts[i * samples : (i + 1) * samples], scores[i * samples : (i + 1) * samples]
+        oks = [passed(s) for s in ss]
+        records += [_record(task, r, s, ok) for r, s, ok in zip(rs, ss, oks, strict=True)]
+        results.append(
+            TaskResult(
+                task_id=task.id,
+                reference=task.answer,
+                passes=oks,
+                statuses=[s.status for s in ss],
+                values=[s.value for s in ss],
+                answers=[_normalised_answer(r.completion) for r in rs],
+                completions=[r.completion for r in rs],
+            )
+        )
+    return SampledEval(samples, results, records)
+
+
+def compare_evals(
+    a: SampledEval, b: SampledEval, *, n_resamples: int = 2000, seed: int = 0
+) -> dict[str, Any]:
+    """Pair two evaluations on their common tasks: B minus A.
+
+    Paired bootstrap of the per-task avg@K (pass rate) difference, and the exact McNemar
+    test on the per-task majority-vote outcome (the single sample when K = 1).
+    """
+    avg_a, avg_b = a.per_task("avg"), b.per_task("avg")
+    common = [t for t in avg_a if t in avg_b]
+    paired = paired_bootstrap(
+        [avg_a[t] for t in common], [avg_b[t] for t in common], n_resamples=n_resamples, seed=seed
+    )
+    maj_a, maj_b = a.per_task("maj"), b.per_task("maj")
+    both = [t for t in maj_a if t in maj_b]
+    test = mcnemar([maj_a[t] > 0 for t in both], [maj_b[t] > 0 for t in both])
+    flips = {
+        "a_only": [t for t in both if maj_a[t] > 0 and not maj_b[t] > 0],
+        "b_only": [t for t in both if maj_b[t] > 0 and not maj_a[t] > 0],
+    }
+    return {
+        "tasks": len(common),
+        "mean_a": paired.mean_a,
+        "mean_b": paired.mean_b,
+        "diff": paired.diff,
+        "diff_ci95": list(paired.ci),
+        "bootstrap_p": paired.p_value,
+        "mcnemar": {"a_only": test.a_only, "b_only": test.b_only, "p_value": test.p_value},
+        "flipped_tasks": flips,
+    }

@@ -16,6 +16,7 @@ before, so the trainer sees exactly the tokens the policy conditioned on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,9 +54,22 @@ async def _with_timeout(coro: Any, timeout_s: float, what: str) -> Any:
         raise TimeoutError(f"{what} took longer than {timeout_s:.0f}s") from None
 
 
-async def _reset(ep: _Episode, make_env: Callable[[], Env], policy: Policy, timeout_s: float):
+EnvFactory = Callable[[Task], Env] | Callable[[], Env]
+"""Makes a fresh environment for an episode: from the task (mixtures route by `task.env`)
+or from nothing (a single environment)."""
+
+
+def _per_task(make_env: EnvFactory) -> Callable[[Task], Env]:
+    if len(inspect.signature(make_env).parameters) == 0:
+        return lambda _task: make_env()  # type: ignore[call-arg]
+    return make_env  # type: ignore[return-value]
+
+
+async def _reset(
+    ep: _Episode, make_env: Callable[[Task], Env], policy: Policy, timeout_s: float
+) -> None:
     try:
-        ep.env = make_env()
+        ep.env = make_env(ep.task)
         obs = await _with_timeout(ep.env.reset(ep.task, seed=ep.seed), timeout_s, "env.reset")
         ep.messages = list(obs.messages)
         ep.prompt_ids = policy.encode_chat(ep.messages)
@@ -105,7 +119,7 @@ async def _env_turn(ep: _Episode, policy: Policy, timeout_s: float, max_turns: i
 
 
 async def collect_rollouts(
-    make_env: Callable[[], Env],
+    make_env: EnvFactory,
     policy: Policy,
     tasks: Sequence[tuple[Task, int, int]],
     sampling: SamplingParams,
@@ -115,7 +129,8 @@ async def collect_rollouts(
 ) -> list[Rollout]:
     """Run one episode per `(task, sample_index, seed)` and return their rollouts, in order."""
     episodes = [_Episode(task, index, seed) for task, index, seed in tasks]
-    await asyncio.gather(*(_reset(ep, make_env, policy, env_timeout_s) for ep in episodes))
+    factory = _per_task(make_env)
+    await asyncio.gather(*(_reset(ep, factory, policy, env_timeout_s) for ep in episodes))
     turn = 0
     while live := [ep for ep in episodes if not ep.done]:
         prompts = [ep.prompt_ids + ep.ids for ep in live]

@@ -33,6 +33,10 @@ CREATE TABLE IF NOT EXISTS rollouts (
     completion_ids TEXT NOT NULL,
     policy_mask TEXT NOT NULL,
     logprobs TEXT NOT NULL,
+    entropies TEXT NOT NULL DEFAULT '[]',
+    info TEXT NOT NULL DEFAULT '{}',
+    round INTEGER NOT NULL DEFAULT 0,
+    token_rewards TEXT,
     score_value REAL,
     score_status TEXT NOT NULL,
     components TEXT NOT NULL,
@@ -60,8 +64,10 @@ class Ledger:
         self._db.executescript(_SCHEMA)
         self._db.commit()
 
-    def add(self, step: int, rollouts: Sequence[Rollout], scores: Sequence[Score]) -> list[int]:
-        """Commit graded rollouts for `step`; returns their row ids."""
+    def add(
+        self, step: int, rollouts: Sequence[Rollout], scores: Sequence[Score], *, round: int = 0
+    ) -> list[int]:
+        """Commit graded rollouts of one collection round of `step` (one transaction)."""
         ids: list[int] = []
         with self._db:
             for r, s in zip(rollouts, scores, strict=True):
@@ -69,7 +75,8 @@ class Ledger:
                     "INSERT INTO rollouts (step, task_id, env, sample_index, seed, policy_version,"
                     " status, error, messages, completion, prompt_ids, completion_ids,"
                     " policy_mask, logprobs, score_value, score_status, components, flags,"
-                    " explanation, provenance) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " explanation, provenance, entropies, info, round, token_rewards)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
                         step,
                         r.task_id,
@@ -91,6 +98,10 @@ class Ledger:
                         json.dumps(s.flags),
                         s.explanation,
                         json.dumps(dict(s.provenance), default=str),
+                        json.dumps(r.entropies),
+                        json.dumps(dict(r.info), default=str),
+                        round,
+                        None if s.token_rewards is None else json.dumps(s.token_rewards),
                     ),
                 )
                 ids.append(int(cur.lastrowid or 0))
@@ -122,6 +133,20 @@ class Ledger:
             query += f" WHERE trained = {int(trained)}"
         return int(self._db.execute(query).fetchone()[0])
 
+    def find_round(self, step: int, round: int) -> list[tuple[int, Rollout, Score]]:
+        """The graded rollouts of one committed round, to reuse after a crash (in order)."""
+        rows = self._db.execute(
+            f"SELECT id, {_COLUMNS} FROM rollouts WHERE step = ? AND round = ? ORDER BY id",
+            (step, round),
+        ).fetchall()
+        return [(int(row[0]), *_decode(row[1:])) for row in rows]
+
+    def rollback(self, step: int) -> None:
+        """Resuming from the checkpoint after `step` steps: later training never happened."""
+        with self._db:
+            self._db.execute("UPDATE rollouts SET trained = 0 WHERE step >= ?", (step,))
+            self._db.execute("DELETE FROM steps WHERE step > ?", (step,))
+
     def samples(self, step: int, limit: int = 4) -> list[dict[str, Any]]:
         """A few graded rollouts of `step`, for reading."""
         rows = self._db.execute(
@@ -133,8 +158,35 @@ class Ledger:
 
     def step_metrics(self) -> list[dict[str, Any]]:
         """Metrics of every finished step, in order."""
-        rows = self._db.execute("SELECT metrics FROM steps ORDER BY step")
-        return [json.loads(m) for (m,) in rows]
+        rows = self._db.execute("SELECT step, metrics FROM steps ORDER BY step")
+        return [{"step": step, **json.loads(m)} for step, m in rows]
 
     def close(self) -> None:
         self._db.close()
+
+
+_COLUMNS = (
+    "task_id, env, messages, completion, prompt_ids, completion_ids, policy_mask, logprobs,"
+    " entropies, policy_version, status, sample_index, seed, error, info, score_value,"
+    " score_status, components, flags, token_rewards, explanation, provenance"
+)
+
+
+def _decode(row: Sequence[Any]) -> tuple[Rollout, Score]:
+    (task_id, env, messages, completion, prompt_ids, completion_ids, mask, logprobs, entropies,
+     version, status, sample_index, seed, error, info, value, score_status, components, flags,
+     token_rewards, explanation, provenance) = row  # fmt: skip
+    rollout = Rollout(
+        task_id=task_id, env=env, messages=json.loads(messages), completion=completion,
+        prompt_ids=tuple(json.loads(prompt_ids)), completion_ids=tuple(json.loads(completion_ids)),
+        policy_mask=tuple(bool(m) for m in json.loads(mask)), logprobs=tuple(json.loads(logprobs)),
+        entropies=tuple(json.loads(entropies)), policy_version=version, status=status,
+        sample_index=sample_index, seed=seed, error=error, info=json.loads(info),
+    )  # fmt: skip
+    score = Score(
+        value=value, status=score_status, components=json.loads(components),
+        flags=tuple(json.loads(flags)),
+        token_rewards=None if token_rewards is None else tuple(json.loads(token_rewards)),
+        explanation=explanation, provenance=json.loads(provenance),
+    )  # fmt: skip
+    return rollout, score

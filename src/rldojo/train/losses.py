@@ -302,6 +302,7 @@ def policy_loss(
     num_tokens: float | None = None,
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped policy-gradient loss with clip-higher, token-level mean, dual clip, k3 KL.
 
@@ -312,6 +313,8 @@ def policy_loss(
     (Ye et al. 2020, as in verl); with `ref_logprobs`, kl_coef · (e^d - d - 1), d = ref -
     logprobs (k3) is added. The masked sum is divided by `num_tokens` (pass the global
     count from `loss_normaliser` under gradient accumulation) or by the mask's count.
+    `is_weights` [M, T] (no grad) scale each token's policy term: truncated importance
+    sampling for a sampler whose numerics differ from the trainer's (Yao et al. 2025).
     Returns `(loss, metrics)`; metrics are floats over masked tokens.
     """
     _check_loss_args(eps_low, eps_high, dual_clip)
@@ -329,6 +332,8 @@ def policy_loss(
     if dual_clip is not None:
         capped = torch.minimum(token_loss, -dual_clip * adv)  # [M, T]
         token_loss = torch.where(adv < 0, capped, token_loss)  # [M, T]
+    if is_weights is not None:
+        token_loss = token_loss * torch.where(mask, is_weights.detach(), 0.0)  # [M, T]
     if ref_logprobs is not None:
         d = torch.where(mask, ref_logprobs - logprobs, 0.0)  # [M, T]
         kl = d.exp() - d - 1.0  # [M, T]

@@ -29,17 +29,27 @@ import numpy as np
 import torch
 
 from rldojo.config import TrainConfig, dump_config
-from rldojo.envs.registry import make_env
 from rldojo.eval.harness import EvalResult, evaluate
 from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.rollout.mixture import EnvMixture
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import TokenBatch, build_token_batch, completion_logits
 from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
 from rldojo.types import Rollout, SamplingParams, Score, Task
+
+
+def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) -> torch.Tensor:
+    """Sequence advantages [B] broadcast to tokens [B, T], plus any per-token rewards."""
+    out = advantages[:, None].expand(-1, t).clone()  # [B, T]
+    for row, score in enumerate(scores):
+        if score.token_rewards:
+            extra = torch.tensor(score.token_rewards[:t], dtype=out.dtype)  # [T']
+            out[row, : extra.shape[0]] += extra
+    return out
 
 
 def _load_grader(spec: Any) -> Any:
@@ -78,13 +88,19 @@ class Trainer:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
-        env = self.make_env()
-        self.grader = (
-            env.default_grader() if cfg.grader.spec is None else _load_grader(cfg.grader.spec)
+        entries = [(e.id, e.kwargs, e.weight) for e in cfg.env.mix] or [
+            (cfg.env.id, cfg.env.kwargs, 1.0)
+        ]
+        override = None if cfg.grader.spec is None else _load_grader(cfg.grader.spec)
+        self.envs = EnvMixture(
+            entries,
+            seed=cfg.run.seed,
+            train_n=cfg.env.train_tasks,
+            test_n=cfg.eval.tasks,
+            grader=override,
         )
-        self.train_tasks = list(env.tasks("train", seed=cfg.run.seed, n=cfg.env.train_tasks))
-        self.test_tasks = list(env.tasks("test", seed=cfg.run.seed, n=cfg.eval.tasks or 1))
-        self.test_tasks = self.test_tasks[: cfg.eval.tasks]
+        self.grader = self.envs.grader()
+        self.test_tasks = self.envs.test_tasks
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
         self.model.train()
@@ -101,16 +117,17 @@ class Trainer:
             self.optimizer,
             lambda s: lr_lambda(s, cfg.optim.warmup_steps, cfg.run.steps, cfg.optim.schedule),
         )
-        self.step_num, self.task_cursor, self.epoch = 0, 0, 0
+        self.step_num = 0
         self.evals: dict[str, dict[str, Any]] = {}
         if checkpoint is not None:
             state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
-            self.step_num, self.task_cursor = state["step"], state["task_cursor"]
-            self.epoch, self.evals = state["epoch"], state.get("evals", {})
+            self.step_num, self.evals = state["step"], state.get("evals", {})
+            self.envs.load_state_dict(state["tasks"])
             self.policy.version = state.get("policy_version", self.step_num)
-        self._order = self._epoch_order(self.epoch)
         (run_dir / "config.toml").write_text(dump_config(cfg))
         self.ledger = Ledger(run_dir / "ledger.sqlite")
+        if resume:
+            self.ledger.rollback(self.step_num)  # training after the checkpoint was lost
         # One event loop for the trainer's life: grader worker pools bind to it.
         self._loop = asyncio.new_event_loop()
 
@@ -138,7 +155,9 @@ class Trainer:
             self.scheduler.step()
         timing["time/step"] = time.perf_counter() - started
         n_tokens = sum(len(r.completion_ids) for r in all_rollouts)
-        metrics |= timing | {"time/tokens_per_s_generate": n_tokens / timing["time/generate"]}
+        metrics |= timing | {
+            "time/tokens_per_s_generate": n_tokens / max(timing["time/generate"], 1e-9)
+        }
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         self.ledger.add_step(self.step_num, metrics)
         return metrics
@@ -169,6 +188,13 @@ class Trainer:
             (t, g, seed + i) for i, t in enumerate(tasks) for g in range(cfg.rollout.group_size)
         ]
         t0 = time.perf_counter()
+        committed = self.ledger.find_round(self.step_num, rnd)
+        if len(committed) == len(requests):  # graded before a crash: reuse, don't redo
+            ids = [i for i, _, _ in committed]
+            rollouts = [r for _, r, _ in committed]
+            scores = [s for _, _, s in committed]
+            timing["rollout/reused"] = timing.get("rollout/reused", 0) + len(ids)
+            return self._groups(tasks, rollouts, scores, ids)
         rollouts = await collect_rollouts(
             self.make_env,
             self.policy,
@@ -187,7 +213,13 @@ class Trainer:
         )
         timing["time/generate"] += t1 - t0
         timing["time/grade"] += time.perf_counter() - t1
-        ids = self.ledger.add(self.step_num, rollouts, scores)  # durable before training
+        ids = self.ledger.add(self.step_num, rollouts, scores, round=rnd)  # durable first
+        return self._groups(tasks, rollouts, scores, ids)
+
+    def _groups(
+        self, tasks: list[Task], rollouts: list[Rollout], scores: list[Score], ids: list[int]
+    ) -> list[Group]:
+        cfg = self.config
         g = cfg.rollout.group_size
         return [
             Group(
@@ -204,9 +236,8 @@ class Trainer:
         """Advantages -> entropy -> forking-token mask -> accumulated loss -> optimizer step."""
         cfg, lc = self.config, self.config.loss
         rollouts = [r for g in groups for r, ok in zip(g.rollouts, g.valid, strict=True) if ok]
-        rewards = torch.tensor(
-            [s.value for g in groups for s, ok in zip(g.scores, g.valid, strict=True) if ok]
-        )  # [B]
+        scores = [s for g in groups for s, ok in zip(g.scores, g.valid, strict=True) if ok]
+        rewards = torch.tensor([s.value for s in scores])  # [B]
         group_ids = torch.tensor([i for i, g in enumerate(groups) for ok in g.valid if ok])  # [B]
         advantages = losses.group_advantages(
             rewards, group_ids, scale_by_std=lc.scale_adv_by_std
@@ -219,7 +250,8 @@ class Trainer:
             entropy, batch.policy_mask, lc.rho, lc.scope, cfg.optim.micro_batch_size
         )  # [B, T]
         num_tokens = losses.loss_normaliser(selected, batch.policy_mask, lc.normaliser)
-        metrics = self._optimize(batch, advantages, selected, num_tokens)
+        token_adv = token_advantages(advantages, scores, batch.policy_mask.shape[1])  # [B, T]
+        metrics = self._optimize(batch, token_adv, selected, num_tokens)
         self.policy.update_weights()
         metrics |= {
             f"entropy/{k}": v for k, v in losses.entropy_stats(entropy, batch.policy_mask).items()
@@ -241,7 +273,7 @@ class Trainer:
         cfg, lc = self.config, self.config.loss
         temperature = cfg.sampling.temperature or 1.0
         sums: dict[str, float] = {}
-        mismatch, loss_total = 0.0, 0.0
+        mismatch, loss_total, tis_sum = 0.0, 0.0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, batch.size, cfg.optim.micro_batch_size):
             index = slice(start, start + cfg.optim.micro_batch_size)
@@ -255,10 +287,15 @@ class Trainer:
                 logits, mb.completion_ids, temperature
             )  # [M, T]
             ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
+            behaviour = mb.behaviour_logprobs  # [M, T]
+            is_weights = None
+            if lc.tis_cap is not None:
+                is_weights = (logprobs.detach() - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
+                tis_sum += float(is_weights[mb.policy_mask].sum())
             loss, m = losses.policy_loss(
                 logprobs,
                 logprobs.detach(),
-                advantages[index],
+                advantages[index, :t],
                 selected[index, :t],
                 eps_low=lc.eps_low,
                 eps_high=lc.eps_high,
@@ -266,6 +303,7 @@ class Trainer:
                 num_tokens=num_tokens,
                 ref_logprobs=ref,
                 kl_coef=lc.kl_coef,
+                is_weights=is_weights,
             )
             loss.backward()
             loss_total += float(loss.detach())
@@ -280,7 +318,10 @@ class Trainer:
         out = {f"loss/{k}": (v if k == "tokens" else v / tokens) for k, v in sums.items()}
         out["loss/policy"] = loss_total
         out["optim/grad_norm"] = float(grad_norm)
-        out["policy/logprob_mismatch"] = mismatch / max(int(batch.policy_mask.sum()), 1)
+        n_policy = max(int(batch.policy_mask.sum()), 1)
+        out["policy/logprob_mismatch"] = mismatch / n_policy
+        if lc.tis_cap is not None:
+            out["policy/tis_weight_mean"] = tis_sum / n_policy
         return out
 
     @torch.no_grad()
@@ -306,8 +347,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers
 
-    def make_env(self) -> Any:
-        return make_env(self.config.env.id, **self.config.env.kwargs)
+    def make_env(self, task: Task) -> Any:
+        return self.envs.make_env_for(task)
 
     def sampling(self, seed: int | None = None) -> SamplingParams:
         s = self.config.sampling
@@ -318,21 +359,9 @@ class Trainer:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return nullcontext()
 
-    def _epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.train_tasks)))
-        random.Random(f"{self.config.run.seed}:{epoch}").shuffle(order)
-        return order
-
     def draw_tasks(self, n: int) -> list[Task]:
-        """The next `n` training tasks; the order is reshuffled (seeded) every epoch."""
-        out = []
-        for _ in range(n):
-            if self.task_cursor >= len(self._order):
-                self.epoch, self.task_cursor = self.epoch + 1, 0
-                self._order = self._epoch_order(self.epoch)
-            out.append(self.train_tasks[self._order[self.task_cursor]])
-            self.task_cursor += 1
-        return out
+        """The next `n` training tasks (by environment weight; seeded, resumable order)."""
+        return self.envs.draw(n)
 
     def evaluate(self, label: str) -> EvalResult:
         """Greedy accuracy on the held-out tasks; stored under `label` in the run state."""
@@ -367,8 +396,7 @@ class Trainer:
             scheduler=self.scheduler,
             step=self.step_num,
             state={
-                "task_cursor": self.task_cursor,
-                "epoch": self.epoch,
+                "tasks": self.envs.state_dict(),
                 "evals": self.evals,
                 "policy_version": self.policy.version,
             },

@@ -1,0 +1,168 @@
+"""Fault injection: crashing and hanging environments, graders and policy backends.
+
+Each failure must become a status on the rollout or score, be excluded from the
+gradient, be counted in the step metrics and the ledger, and never hang or crash the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from rldojo.config import load_config
+from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.registry import register
+from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.train.loop import run_training
+from rldojo.types import Completion, Score, Task
+
+N_TASKS = 40
+
+
+class _ExactGrader:
+    name = "exact"
+
+    async def grade(self, rollout, task):
+        return Score(value=float(len(rollout.completion) % 2))  # varies: groups carry signal
+
+
+class FaultEnv(SingleTurnEnv):
+    """Task i fails by `mode` when i % 4 == 0; the others behave."""
+
+    env_id = "fault-v1"
+
+    def __init__(self, mode: str = "crash", grader_mode: str = "ok") -> None:
+        super().__init__()
+        self.mode, self.grader_mode = mode, grader_mode
+
+    def tasks(self, split="train", *, seed=0, n=None):
+        return [
+            Task(
+                id=f"f/{split}/{i}", prompt=f"say {i}", answer=str(i), env="fault-v1", info={"i": i}
+            )
+            for i in range(n or N_TASKS)
+        ]
+
+    async def reset(self, task, *, seed):
+        if task.info["i"] % 4 == 0:
+            if self.mode == "crash":
+                raise RuntimeError("environment crashed")
+            if self.mode == "hang":
+                await asyncio.sleep(3600)
+        return await super().reset(task, seed=seed)
+
+    def default_grader(self):
+        return FaultGrader(self.grader_mode)
+
+
+class FaultGrader:
+    name = "fault-grader"
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    async def grade(self, rollout, task):
+        if task.info["i"] % 4 == 1:
+            if self.mode == "raise":
+                raise ValueError("grader bug")
+            if self.mode == "hang":
+                await asyncio.sleep(3600)
+        return Score(value=float(len(rollout.completion) % 2))
+
+
+register("fault-v1", FaultEnv, overwrite=True)
+
+
+def _config(tmp_path, name, *extra):
+    return load_config(None, [
+        "model.name=tiny-random", "model.autocast_bf16=false", "env.id=fault-v1",
+        "rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.dynamic_sampling=false",
+        "rollout.env_timeout_s=1", "rollout.grade_timeout_s=1", "sampling.max_new_tokens=4",
+        "sampling.temperature=1.0", "eval.tasks=0", "run.steps=1",
+        f"run.output_dir={tmp_path}", f"run.name={name}", *extra,
+    ])  # fmt: skip
+
+
+def _steps(tmp_path, name):
+    lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+    return [m for m in map(json.loads, lines) if "time/step" in m]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key", "count"),
+    [
+        ({"mode": "crash"}, "rollout/status_env_error", 2),
+        ({"mode": "hang"}, "rollout/status_timeout", 2),
+        ({"mode": "ok", "grader_mode": "raise"}, "grade/status_error", 2),
+        ({"mode": "ok", "grader_mode": "hang"}, "grade/status_timeout", 2),
+    ],
+)
+def test_failures_are_counted_and_excluded(tmp_path, kwargs, key, count):
+    kv = ", ".join(f'{k} = "{v}"' for k, v in kwargs.items())
+    started = time.monotonic()
+    summary = run_training(_config(tmp_path, "f", f"env.kwargs={{{kv}}}"))
+    assert time.monotonic() - started < 60  # timeouts fire; nothing waits for an hour
+    (step,) = _steps(tmp_path, "f")
+    assert step[key] == count  # one group of G=2 per failing task (task 0 of 4)
+    assert summary["rollouts"] == 8
+    assert summary["rollouts_trained"] <= 8 - count  # failed samples never trained on
+    bad = {k: v for k, v in summary["statuses"].items() if k != "ok/ok"}
+    assert sum(bad.values()) == count
+
+
+class BrokenPolicy:
+    version = 0
+    tokenizer = None
+
+    def encode_chat(self, messages):
+        return [1, 2, 3]
+
+    def generate(self, prompts, sampling):
+        raise RuntimeError("backend exploded")
+
+    def update_weights(self, state_dict=None):
+        self.version += 1
+
+
+def test_policy_backend_exception_is_a_status():
+    env = FaultEnv(mode="ok")
+    tasks = env.tasks(n=3)
+    from rldojo.types import SamplingParams
+
+    rollouts = asyncio.run(
+        collect_rollouts(
+            lambda: FaultEnv(mode="ok"),
+            BrokenPolicy(),
+            [(t, 0, 0) for t in tasks],
+            SamplingParams(),
+        )
+    )
+    assert [r.status for r in rollouts] == ["policy_error"] * 3
+    assert all("backend exploded" in r.error for r in rollouts)
+    scores = asyncio.run(grade_rollouts(_ExactGrader(), rollouts, tasks))
+    assert [s.status for s in scores] == ["error"] * 3
+    assert all(s.value is None for s in scores)
+
+
+class EchoPolicy(BrokenPolicy):
+    def generate(self, prompts, sampling):
+        return [Completion("hello", (5, 6), (-0.1, -0.2), "stop", (1.0, 1.0)) for _ in prompts]
+
+
+def test_grader_timeout_returns_promptly():
+    env = FaultEnv(mode="ok", grader_mode="hang")
+    tasks = env.tasks(n=4)
+    from rldojo.types import SamplingParams
+
+    rollouts = asyncio.run(
+        collect_rollouts(
+            lambda: FaultEnv(mode="ok"), EchoPolicy(), [(t, 0, 0) for t in tasks], SamplingParams()
+        )
+    )
+    started = time.monotonic()
+    scores = asyncio.run(grade_rollouts(env.default_grader(), rollouts, tasks, timeout_s=0.5))
+    assert time.monotonic() - started < 2.0
+    assert [s.status for s in scores] == ["ok", "timeout", "ok", "ok"]
