@@ -81,6 +81,12 @@ class RolloutConfig(_Section):
     grade_timeout_s: float = Field(30.0, gt=0)
     """Per-rollout grading timeout; past it the score is `timeout` and not trained on."""
     grade_concurrency: int = Field(8, gt=0)
+    max_policy_lag: int = Field(0, ge=0)
+    """0: synchronous. k >= 1: rollouts for the next steps are generated while the trainer
+    trains, from weights at most k updates old (stale samples use the PPO ratio against
+    their behaviour log-probabilities)."""
+    wait_warn_s: float = Field(60.0, gt=0)
+    """Log what the trainer is waiting on when rollouts take longer than this."""
 
 
 class LossConfig(_Section):

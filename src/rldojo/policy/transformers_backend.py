@@ -3,11 +3,16 @@
 The trainer optimises the model in float32; generation may run on a bf16 copy (about
 2x faster on CPUs with bf16 units, see MACHINE-NOTES). After each optimizer step the
 trainer calls `update_weights`, which copies the new weights into the generation copy.
+
+Thread safety (asynchronous rollouts): `generate` runs under a lock. `update_weights`
+never waits for a generation in flight: if one is running it stages the new weights and
+the next `generate` call loads them first, so each call samples from one policy version.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,15 +32,20 @@ class TransformersPolicy:
         *,
         generation_dtype: torch.dtype | None = torch.bfloat16,
         chunk_size: int = 64,
+        separate_copy: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.version = 0
         self.chunk_size = chunk_size
         self._train_model = model
-        if generation_dtype is None or generation_dtype == next(model.parameters()).dtype:
+        self._lock = threading.Lock()
+        self._staged: tuple[dict[str, Any], int] | None = None
+        train_dtype = next(model.parameters()).dtype
+        same_dtype = generation_dtype is None or generation_dtype == train_dtype
+        if same_dtype and not separate_copy:
             self._gen_model = model
         else:
-            self._gen_model = copy.deepcopy(model).to(generation_dtype)
+            self._gen_model = copy.deepcopy(model).to(generation_dtype or train_dtype)
         self._gen_model.eval()
         self.eos_ids = {int(tokenizer.eos_token_id)}
         if tokenizer.pad_token_id is not None:
@@ -48,6 +58,13 @@ class TransformersPolicy:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Completion]:
+        with self._lock:
+            self._load_staged()
+            return self._generate(prompts, sampling)
+
+    def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[Completion]:
         was_training = self._gen_model.training
@@ -79,11 +96,35 @@ class TransformersPolicy:
         return results
 
     def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:
-        """Copy weights into the generation model (from the shared training model by default)."""
-        if self._gen_model is not self._train_model:
-            source = state_dict if state_dict is not None else self._train_model.state_dict()
-            with torch.no_grad():
-                self._gen_model.load_state_dict(source, strict=False)
-        elif state_dict is not None:
-            self._train_model.load_state_dict(state_dict, strict=False)
-        self.version += 1
+        """Publish new weights (from the shared training model by default); `version` += 1.
+
+        Loads them now when no generation is running, else stages a copy for the next call.
+        """
+        if self._gen_model is self._train_model:
+            if state_dict is not None:
+                self._train_model.load_state_dict(state_dict, strict=False)
+            self.version += 1
+            return
+        source = state_dict if state_dict is not None else self._train_model.state_dict()
+        if self._lock.acquire(blocking=False):
+            try:
+                self._staged = None
+                self._copy_in(source)
+                self.version += 1
+            finally:
+                self._lock.release()
+            return
+        dtype = next(self._gen_model.parameters()).dtype
+        staged = {k: v.detach().to(dtype, copy=True) for k, v in source.items()}
+        self._staged = (staged, (self._staged[1] if self._staged else self.version) + 1)
+
+    def _load_staged(self) -> None:
+        if self._staged is not None:
+            weights, version = self._staged
+            self._staged = None
+            self._copy_in(weights)
+            self.version = version
+
+    def _copy_in(self, source: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self._gen_model.load_state_dict(source, strict=False)

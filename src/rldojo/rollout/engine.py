@@ -44,6 +44,7 @@ class _Episode:
     error: str = ""
     done: bool = False
     turns: int = 0
+    version: int = -1
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -143,10 +144,12 @@ async def collect_rollouts(
             break
         for ep, completion in zip(live, completions, strict=True):
             _add_policy_turn(ep, completion)
+            if ep.version < 0:  # the policy version that started this episode
+                ep.version = policy.version
         await asyncio.gather(*(_env_turn(ep, policy, env_timeout_s, max_turns) for ep in live))
         turn += 1
     await asyncio.gather(*(_close(ep) for ep in episodes))
-    return [_to_rollout(ep, policy.version) for ep in episodes]
+    return [_to_rollout(ep, ep.version if ep.version >= 0 else policy.version) for ep in episodes]
 
 
 async def _close(ep: _Episode) -> None:

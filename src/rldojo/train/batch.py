@@ -31,6 +31,7 @@ class TokenBatch:
     behaviour_logprobs: torch.Tensor  # [B, T] float
     sampler_entropy: torch.Tensor  # [B, T] float (0 where unknown)
     group_index: torch.Tensor | None = None  # [B] long: rows with equal ids share the prompt
+    versions: torch.Tensor | None = None  # [B] long: policy version that sampled each row
 
     @property
     def size(self) -> int:
@@ -54,6 +55,7 @@ class TokenBatch:
             behaviour_logprobs=self.behaviour_logprobs[index, :t_keep],
             sampler_entropy=self.sampler_entropy[index, :t_keep],
             group_index=None if self.group_index is None else self.group_index[index],
+            versions=None if self.versions is None else self.versions[index],
         )
 
 
@@ -84,8 +86,18 @@ def build_token_batch(
                 entropy[row, :lc] = torch.tensor(r.entropies)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [B, L]
     groups = None if group_ids is None else torch.tensor(list(group_ids), dtype=torch.long)
+    versions = torch.tensor([r.policy_version for r in rollouts], dtype=torch.long)  # [B]
     return TokenBatch(
-        input_ids, attention, positions, p, completion, policy_mask, logprobs, entropy, groups
+        input_ids,
+        attention,
+        positions,
+        p,
+        completion,
+        policy_mask,
+        logprobs,
+        entropy,
+        groups,
+        versions,
     )
 
 

@@ -34,6 +34,7 @@ from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.rollout.mixture import EnvMixture
+from rldojo.rollout.pipeline import AsyncRollouts
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
@@ -105,7 +106,11 @@ class Trainer:
         self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
         self.model.train()
         gen_dtype = torch.bfloat16 if cfg.model.generation_dtype == "bfloat16" else None
-        self.policy = TransformersPolicy(self.model, self.tokenizer, generation_dtype=gen_dtype)
+        self.policy = TransformersPolicy(
+            self.model, self.tokenizer, generation_dtype=gen_dtype,
+            separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
+        )  # fmt: skip
+        self.pipeline: AsyncRollouts | None = None
         self.ref_model = copy.deepcopy(self.model).eval() if cfg.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -118,12 +123,14 @@ class Trainer:
             lambda s: lr_lambda(s, cfg.optim.warmup_steps, cfg.run.steps, cfg.optim.schedule),
         )
         self.step_num = 0
+        self.policy_updates = 0  # weight updates so far (the trainer's policy version)
         self.evals: dict[str, dict[str, Any]] = {}
         if checkpoint is not None:
             state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
             self.step_num, self.evals = state["step"], state.get("evals", {})
             self.envs.load_state_dict(state["tasks"])
-            self.policy.version = state.get("policy_version", self.step_num)
+            self.policy_updates = state.get("policy_version", self.step_num)
+            self.policy.version = self.policy_updates
         (run_dir / "config.toml").write_text(dump_config(cfg))
         self.ledger = Ledger(run_dir / "ledger.sqlite")
         if resume:
@@ -136,9 +143,12 @@ class Trainer:
     def step(self) -> dict[str, Any]:
         """One optimizer step: collect informative groups, then train on them."""
         started = time.perf_counter()
-        groups, all_rollouts, all_scores, timing, rounds = self._loop.run_until_complete(
-            self.collect_groups()
-        )
+        if self.config.rollout.max_policy_lag > 0:
+            groups, all_rollouts, all_scores, timing, rounds = self.take_async_groups()
+        else:
+            groups, all_rollouts, all_scores, timing, rounds = self._loop.run_until_complete(
+                self.collect_groups()
+            )
         metrics = rollout_metrics(all_rollouts, all_scores, groups, self.config.rollout)
         metrics["rollout/extra_rounds"] = rounds
         trained = [g for g in groups if g.informative]
@@ -161,6 +171,27 @@ class Trainer:
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         self.ledger.add_step(self.step_num, metrics)
         return metrics
+
+    def take_async_groups(self) -> tuple[list[Group], list[Rollout], list[Score], dict, int]:
+        """Groups from the background producer (started on first use), within the lag bound."""
+        ro = self.config.rollout
+        if self.pipeline is None:
+            self.pipeline = AsyncRollouts(self, ro.max_policy_lag, ro.wait_warn_s)
+        groups: list[Group] = []
+        timing: dict[str, float] = {}
+        rounds = 0
+        while True:
+            new, info = self.pipeline.take(self.policy_updates)
+            groups += new
+            for key, value in info.items():
+                timing[key] = timing.get(key, 0.0) + value
+            full = sum(g.informative for g in groups) >= ro.prompts_per_step
+            if full or not ro.dynamic_sampling or rounds >= ro.max_extra_rounds:
+                break
+            rounds += 1
+        rollouts = [r for g in groups for r in g.rollouts]
+        scores = [s for g in groups for s in g.scores]
+        return groups, rollouts, scores, timing, rounds
 
     async def collect_groups(self) -> tuple[list[Group], list[Rollout], list[Score], dict, int]:
         """Roll out and grade G samples per task; refill groups without signal (DAPO)."""
@@ -253,6 +284,7 @@ class Trainer:
         token_adv = token_advantages(advantages, scores, batch.policy_mask.shape[1])  # [B, T]
         metrics = self._optimize(batch, token_adv, selected, num_tokens)
         self.policy.update_weights()
+        self.policy_updates += 1
         metrics |= {
             f"entropy/{k}": v for k, v in losses.entropy_stats(entropy, batch.policy_mask).items()
         }
@@ -270,59 +302,64 @@ class Trainer:
     def _optimize(
         self, batch: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, num_tokens: float
     ) -> dict[str, Any]:
-        cfg, lc = self.config, self.config.loss
-        temperature = cfg.sampling.temperature or 1.0
+        """Accumulate the loss over micro-batches, clip, and take one AdamW step."""
+        cfg = self.config
         sums: dict[str, float] = {}
-        mismatch, loss_total, tis_sum = 0.0, 0.0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, batch.size, cfg.optim.micro_batch_size):
             index = slice(start, start + cfg.optim.micro_batch_size)
-            mb = batch.rows(index)
-            t = mb.completion_ids.shape[1]
-            with self._autocast():
-                logits = completion_logits(
-                    self.model, mb, share_prefix=cfg.optim.share_prompt
-                )  # [M, T, V]
-            logprobs, _ = losses.logprobs_and_entropy(
-                logits, mb.completion_ids, temperature
-            )  # [M, T]
-            ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
-            behaviour = mb.behaviour_logprobs  # [M, T]
-            is_weights = None
-            if lc.tis_cap is not None:
-                is_weights = (logprobs.detach() - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
-                tis_sum += float(is_weights[mb.policy_mask].sum())
-            loss, m = losses.policy_loss(
-                logprobs,
-                logprobs.detach(),
-                advantages[index, :t],
-                selected[index, :t],
-                eps_low=lc.eps_low,
-                eps_high=lc.eps_high,
-                dual_clip=lc.dual_clip,
-                num_tokens=num_tokens,
-                ref_logprobs=ref,
-                kl_coef=lc.kl_coef,
-                is_weights=is_weights,
-            )
-            loss.backward()
-            loss_total += float(loss.detach())
+            m = self._microbatch_backward(batch.rows(index), advantages[index], selected[index],
+                                          num_tokens)  # fmt: skip
             weight = m.get("tokens", 0.0)
             for key, value in m.items():
-                sums[key] = sums.get(key, 0.0) + (value if key == "tokens" else value * weight)
-            gap = (logprobs.detach() - mb.behaviour_logprobs).abs()[mb.policy_mask]
-            mismatch += float(gap.sum())
+                scaled = value if key in ("tokens", "loss", "mismatch", "tis") else value * weight
+                sums[key] = sums.get(key, 0.0) + scaled
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
         self.optimizer.step()
-        tokens = max(sums.get("tokens", 0.0), 1.0)
-        out = {f"loss/{k}": (v if k == "tokens" else v / tokens) for k, v in sums.items()}
-        out["loss/policy"] = loss_total
-        out["optim/grad_norm"] = float(grad_norm)
+        tokens = max(sums.pop("tokens", 0.0), 1.0)
         n_policy = max(int(batch.policy_mask.sum()), 1)
-        out["policy/logprob_mismatch"] = mismatch / n_policy
-        if lc.tis_cap is not None:
-            out["policy/tis_weight_mean"] = tis_sum / n_policy
+        out = {"loss/policy": sums.pop("loss"), "loss/tokens": tokens}
+        out["policy/logprob_mismatch"] = sums.pop("mismatch") / n_policy
+        tis = sums.pop("tis")
+        if cfg.loss.tis_cap is not None:
+            out["policy/tis_weight_mean"] = tis / n_policy
+        out |= {f"loss/{k}": v / tokens for k, v in sums.items()}
+        out["optim/grad_norm"] = float(grad_norm)
         return out
+
+    def _microbatch_backward(
+        self, mb: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, num_tokens: float
+    ) -> dict[str, float]:
+        """Forward, clipped loss and backward for one micro-batch; returns its metrics."""
+        cfg, lc = self.config, self.config.loss
+        temperature = cfg.sampling.temperature or 1.0
+        t = mb.completion_ids.shape[1]
+        with self._autocast():
+            logits = completion_logits(self.model, mb, share_prefix=cfg.optim.share_prompt)
+        logprobs, _ = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T]
+        ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
+        behaviour = mb.behaviour_logprobs  # [M, T]
+        # Stale rows (sampled by older weights) take the PPO ratio against their behaviour
+        # log-probs; on-policy rows use the current ones (ratio 1) with a truncated IS
+        # weight for the sampler's numeric mismatch (bf16 sampler, fp32 trainer).
+        versions = mb.versions if mb.versions is not None else torch.zeros(mb.size)  # [M]
+        stale = (versions < self.policy_updates)[:, None]  # [M, 1]
+        old = torch.where(stale, behaviour, logprobs.detach())  # [M, T]
+        is_weights = None
+        if lc.tis_cap is not None:
+            ratio = (logprobs.detach() - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
+            is_weights = torch.where(stale, torch.ones_like(ratio), ratio)  # [M, T]
+        loss, m = losses.policy_loss(
+            logprobs, old, advantages[:, :t], selected[:, :t],
+            eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
+            num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef, is_weights=is_weights,
+        )  # fmt: skip
+        loss.backward()
+        policy = mb.policy_mask  # [M, T]
+        m["loss"] = float(loss.detach())
+        m["mismatch"] = float((logprobs.detach() - behaviour).abs()[policy].sum())
+        m["tis"] = float(is_weights[policy].sum()) if is_weights is not None else 0.0
+        return m
 
     @torch.no_grad()
     def _entropy(self, batch: TokenBatch) -> torch.Tensor:
@@ -398,11 +435,13 @@ class Trainer:
             state={
                 "tasks": self.envs.state_dict(),
                 "evals": self.evals,
-                "policy_version": self.policy.version,
+                "policy_version": self.policy_updates,
             },
         )
 
     def close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
         self.ledger.close()
         close = getattr(self.grader, "close", None)
         if close is not None:

@@ -1,0 +1,152 @@
+"""Asynchronous rollouts: generation for the next step overlaps training on this one.
+
+A producer thread (its own event loop, its own ledger connection) draws tasks, rolls
+out G samples per task with the current policy weights, grades them, commits them to the
+ledger and queues the groups. The trainer takes groups from the queue.
+
+Staleness is bounded by `max_policy_lag` (k): the producer may start a batch only while
+fewer than k batches are ahead of the trainer (a semaphore the trainer releases each time
+it takes a batch), so a sample is at most k weight updates old when trained on; any
+group older than that (e.g. after a slow step) is dropped, counted, and left untrained in
+the ledger. The loss corrects for the stale behaviour policy with the PPO ratio against
+the stored behaviour log-probabilities (see `Trainer._optimize`).
+
+When the trainer waits longer than `wait_warn_s`, it logs what the producer is doing
+(which tasks, since when); if the producer thread died, the error is re-raised in the
+trainer instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from rldojo.train.step_metrics import Group
+    from rldojo.train.trainer import Trainer
+
+log = logging.getLogger("rldojo.pipeline")
+
+
+@dataclass
+class _Batch:
+    groups: list[Group]
+    version: int
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+class AsyncRollouts:
+    """Produces graded groups in the background for a `Trainer` (lag >= 1)."""
+
+    def __init__(self, trainer: Trainer, max_policy_lag: int, wait_warn_s: float = 60.0) -> None:
+        if max_policy_lag < 1:
+            raise ValueError("AsyncRollouts needs max_policy_lag >= 1 (0 is synchronous)")
+        self.trainer = trainer
+        self.max_lag = max_policy_lag
+        self.wait_warn_s = wait_warn_s
+        self._queue: queue.Queue[_Batch] = queue.Queue()
+        self._ahead = threading.Semaphore(max_policy_lag)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self.activity = "starting"
+        self.activity_since = time.monotonic()
+        self.batches = 0
+        self._thread = threading.Thread(target=self._run, name="rldojo-rollouts", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ producer
+
+    def _set_activity(self, text: str) -> None:
+        self.activity, self.activity_since = text, time.monotonic()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        ledger = Ledger(self.trainer.ledger.path)
+        try:
+            while not self._stop.is_set():
+                if not self._ahead.acquire(timeout=0.2):
+                    self._set_activity("waiting for the trainer (lag bound)")
+                    continue
+                self._queue.put(loop.run_until_complete(self._produce(ledger)))
+        except BaseException as exc:  # surfaced to the trainer by `take`
+            self._error = exc
+        finally:
+            ledger.close()
+            loop.close()
+
+    async def _produce(self, ledger: Ledger) -> _Batch:
+        t = self.trainer
+        cfg = t.config
+        tasks = t.draw_tasks(cfg.rollout.prompts_per_step)
+        seed = cfg.run.seed * 1_000_003 + self.batches * 101 + 7
+        self.batches += 1
+        requests = [
+            (task, g, seed + i)
+            for i, task in enumerate(tasks)
+            for g in range(cfg.rollout.group_size)
+        ]
+        self._set_activity(f"generating {len(requests)} samples for {[x.id for x in tasks]}")
+        t0 = time.perf_counter()
+        rollouts = await collect_rollouts(
+            t.make_env, t.policy, requests, t.sampling(seed),
+            env_timeout_s=cfg.rollout.env_timeout_s, max_turns=cfg.rollout.max_turns,
+        )  # fmt: skip
+        t1 = time.perf_counter()
+        self._set_activity(f"grading {len(rollouts)} samples with {t.grader.name}")
+        scores = await grade_rollouts(
+            t.grader, rollouts, [r[0] for r in requests],
+            timeout_s=cfg.rollout.grade_timeout_s, concurrency=cfg.rollout.grade_concurrency,
+        )  # fmt: skip
+        t2 = time.perf_counter()
+        version = min((r.policy_version for r in rollouts), default=t.policy.version)
+        ids = ledger.add(t.step_num, rollouts, scores, round=100 + self.batches)
+        timing = {"time/generate": t1 - t0, "time/grade": t2 - t1}
+        return _Batch(t._groups(tasks, rollouts, scores, ids), version, timing)
+
+    # ------------------------------------------------------------------ consumer
+
+    def take(self, current_version: int) -> tuple[list[Group], dict[str, float]]:
+        """The next batch of groups within the lag bound (older ones are dropped)."""
+        dropped = 0
+        waited = 0.0
+        while True:
+            started = time.monotonic()
+            batch = self._get()
+            waited += time.monotonic() - started
+            self._ahead.release()  # the producer may start the next batch now
+            lag = current_version - batch.version
+            if lag <= self.max_lag:
+                info = dict(batch.timing)
+                info |= {"rollout/policy_lag": lag, "rollout/stale_dropped": dropped}
+                info["time/wait_rollouts"] = waited
+                return batch.groups, info
+            dropped += len(batch.groups)
+            log.warning("dropped %d groups %d versions old (max lag %d)", len(batch.groups),
+                        lag, self.max_lag)  # fmt: skip
+
+    def _get(self) -> _Batch:
+        warned_at = time.monotonic()
+        while True:
+            if self._error is not None:
+                raise RuntimeError("the rollout producer failed") from self._error
+            try:
+                return self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if time.monotonic() - warned_at >= self.wait_warn_s:
+                    warned_at = time.monotonic()
+                    busy = time.monotonic() - self.activity_since
+                    log.warning("trainer waiting on rollouts: producer is %s (for %.0fs)",
+                                self.activity, busy)  # fmt: skip
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ahead.release()
+        self._thread.join(timeout=600)
