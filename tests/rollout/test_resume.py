@@ -113,3 +113,26 @@ def test_sigkill_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
         assert ledger.count() >= before  # nothing completed before the kill was lost
     finally:
         ledger.close()
+
+
+def test_ledger_exports_to_parquet(tmp_path):
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from rldojo.cli import app
+
+    cfg = load_config(None, [*BASE, "run.steps=1", f"run.output_dir={tmp_path}", "run.name=x"])
+    run_training(cfg)
+    out = tmp_path / "l.parquet"
+    result = CliRunner().invoke(app, ["ledger", "export", str(tmp_path / "x"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    ledger = Ledger(tmp_path / "x" / "ledger.sqlite")
+    n = ledger.count()
+    ledger.close()
+    assert table.num_rows == n >= 8
+    assert {"completion_ids", "policy_mask", "score_value", "score_status"} <= set(
+        table.column_names
+    )
+    result = CliRunner().invoke(app, ["ledger", "stats", str(tmp_path / "x")])
+    assert f"rollouts: {n}" in result.output

@@ -161,6 +161,18 @@ class Ledger:
         rows = self._db.execute("SELECT step, metrics FROM steps ORDER BY step")
         return [{"step": step, **json.loads(m)} for step, m in rows]
 
+    def export_parquet(self, path: str | Path) -> int:
+        """Write every rollout row (JSON columns kept as text) to Parquet; returns the count."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        cursor = self._db.execute("SELECT * FROM rollouts ORDER BY id")
+        names = [d[0] for d in cursor.description]
+        rows = cursor.fetchall()
+        table = pa.table({name: [row[i] for row in rows] for i, name in enumerate(names)})
+        pq.write_table(table, str(path))
+        return len(rows)
+
     def close(self) -> None:
         self._db.close()
 
