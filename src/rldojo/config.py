@@ -81,6 +81,10 @@ class RolloutConfig(_Section):
     grade_timeout_s: float = Field(30.0, gt=0)
     """Per-rollout grading timeout; past it the score is `timeout` and not trained on."""
     grade_concurrency: int = Field(8, gt=0)
+    workers: int = Field(1, gt=0)
+    """Rollout workers (Ray actors) when `run.cluster = "ray"`."""
+    worker_timeout_s: float = Field(600.0, gt=0)
+    """A worker that does not answer in this time is replaced and its share re-sent."""
     max_policy_lag: int = Field(0, ge=0)
     """0: synchronous. k >= 1: rollouts for the next steps are generated while the trainer
     trains, from weights at most k updates old (stale samples use the PPO ratio against
@@ -144,6 +148,10 @@ class RunConfig(_Section):
     """Deterministic torch kernels and single-threaded grading order (same metrics per run)."""
     threads: int | None = None
     """torch intra-op threads (None: torch's default)."""
+    cluster: Literal["local", "ray"] = "local"
+    """`ray`: rollout workers (generation, environments, grading) run as Ray actors."""
+    ray_address: str | None = None
+    """An existing Ray cluster (`ray://host:10001`, `auto`); None starts a local instance."""
 
 
 class TrainConfig(_Section):

@@ -111,6 +111,7 @@ class Trainer:
             separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
         )  # fmt: skip
         self.pipeline: AsyncRollouts | None = None
+        self.ray_pool = self._ray_pool(entries) if cfg.run.cluster == "ray" else None
         self.ref_model = copy.deepcopy(self.model).eval() if cfg.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -226,24 +227,24 @@ class Trainer:
             scores = [s for _, _, s in committed]
             timing["rollout/reused"] = timing.get("rollout/reused", 0) + len(ids)
             return self._groups(tasks, rollouts, scores, ids)
-        rollouts = await collect_rollouts(
-            self.make_env,
-            self.policy,
-            requests,
-            self.sampling(seed),
-            env_timeout_s=cfg.rollout.env_timeout_s,
-            max_turns=cfg.rollout.max_turns,
-        )
-        t1 = time.perf_counter()
-        scores = await grade_rollouts(
-            self.grader,
-            rollouts,
-            [t for t, _, _ in requests],
-            timeout_s=cfg.rollout.grade_timeout_s,
-            concurrency=cfg.rollout.grade_concurrency,
-        )
-        timing["time/generate"] += t1 - t0
-        timing["time/grade"] += time.perf_counter() - t1
+        if self.ray_pool is not None:  # generation, envs and grading on Ray actors
+            self.ray_pool.publish(self.model, self.policy_updates)
+            rollouts, scores = self.ray_pool.run(
+                requests, self.sampling(seed), cfg.rollout.group_size
+            )
+            timing["time/generate"] += time.perf_counter() - t0
+        else:
+            rollouts = await collect_rollouts(
+                self.make_env, self.policy, requests, self.sampling(seed),
+                env_timeout_s=cfg.rollout.env_timeout_s, max_turns=cfg.rollout.max_turns,
+            )  # fmt: skip
+            t1 = time.perf_counter()
+            scores = await grade_rollouts(
+                self.grader, rollouts, [t for t, _, _ in requests],
+                timeout_s=cfg.rollout.grade_timeout_s, concurrency=cfg.rollout.grade_concurrency,
+            )  # fmt: skip
+            timing["time/generate"] += t1 - t0
+            timing["time/grade"] += time.perf_counter() - t1
         ids = self.ledger.add(self.step_num, rollouts, scores, round=rnd)  # durable first
         return self._groups(tasks, rollouts, scores, ids)
 
@@ -439,7 +440,23 @@ class Trainer:
             },
         )
 
+    def _ray_pool(self, entries: list) -> Any:
+        from rldojo.cluster.ray_pool import RayRolloutPool
+
+        cfg = self.config
+        ro = cfg.rollout
+        args = (
+            cfg.model.name, entries, cfg.grader.spec, cfg.model.generation_dtype,
+            ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns,
+        )  # fmt: skip
+        return RayRolloutPool(
+            workers=ro.workers, actor_args=args, address=cfg.run.ray_address,
+            timeout_s=ro.worker_timeout_s,
+        )  # fmt: skip
+
     def close(self) -> None:
+        if self.ray_pool is not None:
+            self.ray_pool.close()
         if self.pipeline is not None:
             self.pipeline.close()
         self.ledger.close()

@@ -1,0 +1,187 @@
+"""Ray: rollout workers (generation + environments + grading) as actors; the trainer stays put.
+
+With `run.cluster = "ray"`, the trainer sends each round's requests to `rollout.workers`
+actors (split by group, so a group's samples come from one worker) and receives graded
+rollouts through the object store; it then commits them to the ledger and trains as
+usual. Each actor owns a generation copy of the policy and reloads weights when the
+trainer publishes a new version (`ray.put` of a bf16 state dict, fetched once per
+version). A worker that dies or times out is replaced and its share re-dispatched, up to
+`retries` times; after that the samples come back as `policy_error` rollouts, so the step
+continues with a partial batch instead of hanging.
+
+Works on a local Ray instance (started on demand) or an existing cluster (`address`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rldojo.types import Rollout, SamplingParams, Score, Task
+
+log = logging.getLogger("rldojo.ray")
+
+
+class RolloutWorker:
+    """Actor body: rolls out and grades requests with a local copy of the policy."""
+
+    def __init__(
+        self,
+        model_name: str,
+        env_entries: Sequence[tuple[str, Mapping[str, Any], float]],
+        grader_spec: Any,
+        generation_dtype: str,
+        env_timeout_s: float,
+        grade_timeout_s: float,
+        max_turns: int,
+    ) -> None:
+        from rldojo.policy.models import load_model
+        from rldojo.policy.transformers_backend import TransformersPolicy
+        from rldojo.rollout.mixture import EnvMixture
+
+        model, tokenizer = load_model(model_name)
+        dtype = torch.bfloat16 if generation_dtype == "bfloat16" else None
+        self.policy = TransformersPolicy(model, tokenizer, generation_dtype=dtype)
+        grader = None
+        if grader_spec is not None:
+            from rldojo.graders import load  # type: ignore[attr-defined]
+
+            grader = load(grader_spec)
+        self.envs = EnvMixture(env_entries, seed=0, train_n=1, test_n=0, grader=grader)
+        self.grader = self.envs.grader()
+        self.timeouts = (env_timeout_s, grade_timeout_s)
+        self.max_turns = max_turns
+        self.loop = asyncio.new_event_loop()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(
+        self,
+        requests: list[tuple[Task, int, int]],
+        sampling: SamplingParams,
+        version: int,
+        weights: Any,
+    ) -> tuple[list[Rollout], list[Score]]:
+        from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+
+        if self.policy.version != version:
+            state = weights if isinstance(weights, dict) else _ray().get(weights)
+            self.policy.update_weights(state)
+            self.policy.version = version
+        rollouts = self.loop.run_until_complete(
+            collect_rollouts(self.envs.make_env_for, self.policy, requests, sampling,
+                             env_timeout_s=self.timeouts[0], max_turns=self.max_turns)
+        )  # fmt: skip
+        scores = self.loop.run_until_complete(
+            grade_rollouts(self.grader, rollouts, [r[0] for r in requests],
+                           timeout_s=self.timeouts[1])
+        )  # fmt: skip
+        pid = os.getpid()
+        rollouts = [_with_worker(r, pid) for r in rollouts]
+        return rollouts, scores
+
+
+def _with_worker(rollout: Rollout, pid: int) -> Rollout:
+    from dataclasses import replace
+
+    return replace(rollout, info={**rollout.info, "worker_pid": pid})
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError("run.cluster = 'ray' needs Ray: pip install 'rldojo[ray]'") from exc
+    return ray
+
+
+class RayRolloutPool:
+    """`workers` rollout actors with replacement of dead ones and bounded retries."""
+
+    def __init__(
+        self,
+        *,
+        workers: int,
+        actor_args: tuple[Any, ...],
+        address: str | None = None,
+        timeout_s: float = 600.0,
+        retries: int = 2,
+    ) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     ignore_reinit_error=True)  # fmt: skip
+        self._ray = ray
+        self._cls = ray.remote(num_cpus=0)(RolloutWorker)
+        self._args = actor_args
+        self.actors = [self._cls.remote(*actor_args) for _ in range(workers)]
+        self.timeout_s, self.retries = timeout_s, retries
+        self.replaced = 0
+        self._weights_ref: Any = None
+        self._version = -1
+
+    def publish(self, model: Any, version: int) -> None:
+        """Put the current weights (bf16) in the object store for the workers to fetch."""
+        if version != self._version:
+            state = {
+                k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()
+            }
+            self._weights_ref = self._ray.put(state)
+            self._version = version
+
+    def run(
+        self, requests: Sequence[tuple[Task, int, int]], sampling: SamplingParams, group_size: int
+    ) -> tuple[list[Rollout], list[Score]]:
+        """Graded rollouts for `requests` (in order), spread over the workers by group."""
+        groups = [list(requests[i : i + group_size]) for i in range(0, len(requests), group_size)]
+        shares: list[list[list[tuple[Task, int, int]]]] = [[] for _ in self.actors]
+        for i, group in enumerate(groups):
+            shares[i % len(self.actors)].append(group)
+        results: dict[int, tuple[list[Rollout], list[Score]]] = {}
+        for w, share in enumerate(shares):
+            if share:
+                results[w] = self._run_share(w, [r for g in share for r in g], sampling)
+        rollouts: list[Rollout] = []
+        scores: list[Score] = []
+        cursors = dict.fromkeys(results, 0)
+        for i, group in enumerate(groups):  # restore request order
+            w = i % len(self.actors)
+            start = cursors[w]
+            rollouts += results[w][0][start : start + len(group)]
+            scores += results[w][1][start : start + len(group)]
+            cursors[w] = start + len(group)
+        return rollouts, scores
+
+    def _run_share(
+        self, w: int, share: list[tuple[Task, int, int]], sampling: SamplingParams
+    ) -> tuple[list[Rollout], list[Score]]:
+        for attempt in range(self.retries + 1):
+            ref = self.actors[w].run.remote(share, sampling, self._version, self._weights_ref)
+            try:
+                return tuple(self._ray.get(ref, timeout=self.timeout_s))  # type: ignore[return-value]
+            except Exception as exc:  # actor died, timed out, or raised: replace and retry
+                log.warning("rollout worker %d failed (attempt %d): %s", w, attempt + 1, exc)
+                self._ray.kill(self.actors[w], no_restart=True)
+                self.actors[w] = self._cls.remote(*self._args)
+                self.replaced += 1
+                error = f"{type(exc).__name__}: {exc}"
+        failed = [
+            Rollout(t.id, t.env, [], "", status="policy_error", sample_index=i, seed=s,
+                    error=f"ray worker failed {self.retries + 1} times: {error}")
+            for t, i, s in share
+        ]  # fmt: skip
+        return failed, [Score.failed("error", r.error) for r in failed]
+
+    def pids(self) -> list[int]:
+        return list(self._ray.get([a.pid.remote() for a in self.actors]))
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self._ray.kill(actor, no_restart=True)
+        self.actors = []
