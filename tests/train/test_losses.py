@@ -507,3 +507,25 @@ def test_entropy_stats_single_and_empty() -> None:
         "mean": 0.0,
         "count": 0.0,
     }
+
+
+def test_is_weights_scale_each_token_policy_term():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = logprobs.detach()
+    adv = torch.tensor([1.0])
+    mask = torch.tensor([[True, True, True]])
+    weights = torch.tensor([[0.5, 2.0, 0.0]])
+    loss, _ = policy_loss(logprobs, old, adv, mask, is_weights=weights)
+    loss.backward()
+    # d/dlp of -(w * ratio * A) / 3 at ratio 1 is -w * A / 3 per token.
+    assert torch.allclose(logprobs.grad, -weights / 3)
+
+
+def test_token_advantages_add_per_token_rewards():
+    from rldojo.train.trainer import token_advantages
+    from rldojo.types import Score
+
+    adv = torch.tensor([0.5, -1.0])
+    scores = [Score(value=1.0, token_rewards=(0.0, -0.3)), Score(value=0.0)]
+    out = token_advantages(adv, scores, 3)
+    assert torch.allclose(out, torch.tensor([[0.5, 0.2, 0.5], [-1.0, -1.0, -1.0]]))

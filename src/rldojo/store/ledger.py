@@ -161,6 +161,11 @@ class Ledger:
         rows = self._db.execute("SELECT step, metrics FROM steps ORDER BY step")
         return [{"step": step, **json.loads(m)} for step, m in rows]
 
+    def completion_lengths(self) -> list[int]:
+        """Completion length (tokens) of every rollout, in order."""
+        rows = self._db.execute("SELECT completion_ids FROM rollouts ORDER BY id")
+        return [len(json.loads(ids)) for (ids,) in rows]
+
     def export_parquet(self, path: str | Path) -> int:
         """Write every rollout row (JSON columns kept as text) to Parquet; returns the count."""
         import pyarrow as pa

@@ -1,0 +1,132 @@
+"""Synchronous vs asynchronous (lag 1) training, and rollout throughput with 1 and 2 workers.
+
+Part 1 trains the same model on the same tasks for the same number of steps (so the same
+number of trained samples) twice in one run — `rollout.max_policy_lag = 0` and `= 1` —
+and compares wall time. Sampling at T = 1.0 with a generous `max_new_tokens` gives the
+long-tailed completion-length distribution of RL rollouts (most samples stop early, a
+few run to the cap); the per-step length percentiles are recorded to show it.
+
+Part 2 measures graded rollouts per second through the Ray rollout pool with 1 and 2
+workers (same requests, same model).
+
+Usage: python benchmarks/async_vs_sync.py [--model smollm2-135m-instruct] [--steps 4]
+Writes benchmarks/results/async_vs_sync.json. Timings are noisy; run on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rldojo.config import load_config
+from rldojo.train.trainer import Trainer
+
+RESULTS = Path(__file__).parent / "results" / "async_vs_sync.json"
+
+
+def _overrides(args: argparse.Namespace, out: str) -> list[str]:
+    return [
+        f"model.name={args.model}",
+        f"rollout.prompts_per_step={args.prompts}",
+        f"rollout.group_size={args.group}",
+        "rollout.dynamic_sampling=false",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        "sampling.temperature=1.0",
+        "eval.tasks=0",
+        f"run.output_dir={out}",
+    ]
+
+
+def train_wall_time(args: argparse.Namespace, lag: int) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        cfg = load_config(None, [*_overrides(args, out), f"rollout.max_policy_lag={lag}"])
+        trainer = Trainer(cfg, Path(out) / f"lag{lag}")
+        try:
+            trainer.step()  # warm-up (grader pools, allocator), not timed
+            started = time.perf_counter()
+            steps = [trainer.step() for _ in range(args.steps)]
+            wall = time.perf_counter() - started
+            lengths = trainer.ledger.completion_lengths()
+        finally:
+            trainer.close()
+    q = statistics.quantiles(lengths, n=20)
+    return {
+        "max_policy_lag": lag,
+        "wall_s": wall,
+        "trained_samples": sum(int(m.get("train/sequences", 0)) for m in steps),
+        "step_s": [m["time/step"] for m in steps],
+        "policy_lag": [m.get("rollout/policy_lag", 0) for m in steps],
+        "completion_len": {"p50": q[9], "p95": q[18], "max": max(lengths), "n": len(lengths)},
+        "reward_mean": [m["reward/mean"] for m in steps],
+    }
+
+
+def rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
+    import ray
+
+    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            cfg = load_config(None, [*_overrides(args, out), "run.cluster=ray",
+                                     f"rollout.workers={workers}"])  # fmt: skip
+            trainer = Trainer(cfg, Path(out) / f"w{workers}")
+            try:
+                assert trainer.ray_pool is not None
+                trainer.ray_pool.pids()  # actors up and models loaded before timing
+                tasks = trainer.draw_tasks(args.prompts)
+                requests = [(t, g, i) for i, t in enumerate(tasks) for g in range(args.group)]
+                trainer.ray_pool.publish(trainer.model, 0)
+                trainer.ray_pool.run(requests[: args.group], trainer.sampling(0), args.group)
+                started = time.perf_counter()
+                rollouts, _ = trainer.ray_pool.run(requests, trainer.sampling(1), args.group)
+                wall = time.perf_counter() - started
+            finally:
+                trainer.close()
+    finally:
+        ray.shutdown()
+    return {"workers": workers, "rollouts": len(rollouts), "wall_s": wall,
+            "rollouts_per_s": len(rollouts) / wall}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--skip-workers", action="store_true")
+    args = parser.parse_args()
+    sync = train_wall_time(args, 0)
+    async_ = train_wall_time(args, 1)
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "settings": vars(args),
+        "sync": sync,
+        "async_lag1": async_,
+        "wall_ratio_async_over_sync": async_["wall_s"] / sync["wall_s"],
+        "target_ratio": 0.7,
+    }  # fmt: skip
+    if not args.skip_workers:
+        result["rollout_workers"] = [rollouts_per_second(args, w) for w in (1, 2)]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2))
+    print(f"sync {sync['wall_s']:.1f}s, async(lag 1) {async_['wall_s']:.1f}s for "
+          f"{sync['trained_samples']}/{async_['trained_samples']} trained samples: "
+          f"ratio {result['wall_ratio_async_over_sync']:.2f} (target <= 0.70)")  # fmt: skip
+    for w in result.get("rollout_workers", []):
+        print(f"ray workers={w['workers']}: {w['rollouts_per_s']:.2f} rollouts/s")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
