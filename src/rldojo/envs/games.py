@@ -1,0 +1,391 @@
+"""tictactoe-v1 and connect4-v1: board games against a scripted opponent.
+
+The policy plays one mark (X moves first) and answers each turn with ``<move>N</move>``:
+a cell 1-9 in tic-tac-toe, a column 1-7 in connect four (``<answer>N</answer>`` is
+accepted too). The environment applies the move, lets the opponent reply, and shows the
+new board. An illegal or missing move is refused with the legal moves listed and counted;
+after `max_illegal` of them the game is lost by forfeit.
+
+Opponent strength (`opponent_depth`): 0 plays uniformly random legal moves; ``k > 0``
+searches ``k`` plies with negamax and alpha-beta (ties broken at random, so play
+varies), tic-tac-toe at depth 9 being perfect; `opponent_epsilon` mixes in random moves.
+The opponent's random generator is seeded from the reset seed and the task, and is
+part of the snapshot, so the same seed and moves replay the same game and a fork
+continues it exactly.
+
+Reward (`GameGrader`): ``outcome_reward[outcome] - illegal_penalty * illegal moves``
+with outcomes win 1.0, draw 0.5, loss 0.0, forfeit 0.0, unfinished 0.0 (a limit hit
+before the game ended); ``correct`` is 1.0 for a win.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rldojo.envs.multiturn import EpisodeLimits, MultiTurnEnv, TurnOutcome
+from rldojo.envs.registry import register
+from rldojo.types import Rollout, Score, Task
+
+__all__ = ["Connect4Env", "GameGrader", "GameState", "TicTacToeEnv"]
+
+_MOVE = re.compile(r"<move>\s*(\d+)\s*</move>")
+_ANSWER_MOVE = re.compile(r"<answer>\s*(\d+)\s*</answer>")
+DEFAULT_N = {"train": 500, "test": 100}
+OUTCOME_REWARD = {"win": 1.0, "draw": 0.5, "loss": 0.0, "forfeit": 0.0, "unfinished": 0.0}
+
+
+class Rules:
+    """A two-player board game on a grid of ``rows x cols`` cells ('.' empty)."""
+
+    name = ""
+    rows = cols = connect = 0
+    move_word = ""
+
+    def legal(self, board: list[str]) -> list[int]:
+        raise NotImplementedError
+
+    def play(self, board: list[str], move: int, mark: str) -> int:
+        """Put `mark` for `move` (1-based); returns the cell index it landed on."""
+        raise NotImplementedError
+
+    def undo(self, board: list[str], cell: int) -> None:
+        board[cell] = "."
+
+    def wins(self, board: list[str], cell: int) -> bool:
+        """Does the stone on `cell` complete a line of `connect`?"""
+        mark, r0, c0 = board[cell], *divmod(cell, self.cols)
+        for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+            run = 1
+            for sign in (1, -1):
+                r, c = r0 + sign * dr, c0 + sign * dc
+                while (
+                    0 <= r < self.rows and 0 <= c < self.cols and board[r * self.cols + c] == mark
+                ):
+                    run += 1
+                    r, c = r + sign * dr, c + sign * dc
+            if run >= self.connect:
+                return True
+        return False
+
+    def heuristic(self, board: list[str], mark: str) -> float:
+        """Open lines: how close each side is to connecting, from `mark`'s view."""
+        other = "O" if mark == "X" else "X"
+        score = 0.0
+        for line in self._lines:
+            cells = [board[i] for i in line]
+            mine, theirs = cells.count(mark), cells.count(other)
+            if theirs == 0 and mine:
+                score += 4.0**mine
+            elif mine == 0 and theirs:
+                score -= 4.0**theirs
+        return score / 4.0 ** (self.connect + 1)  # stays below a win's value of 1
+
+    @functools.cached_property
+    def _lines(self) -> list[tuple[int, ...]]:
+        out = []
+        n = self.connect
+        for r in range(self.rows):
+            for c in range(self.cols):
+                for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+                    end_r, end_c = r + dr * (n - 1), c + dc * (n - 1)
+                    if 0 <= end_r < self.rows and 0 <= end_c < self.cols:
+                        out.append(tuple((r + dr * k) * self.cols + c + dc * k for k in range(n)))
+        return out
+
+    def render(self, board: list[str]) -> str:
+        raise NotImplementedError
+
+
+class TicTacToe(Rules):
+    name, rows, cols, connect, move_word = "tic-tac-toe", 3, 3, 3, "cell"
+
+    def legal(self, board: list[str]) -> list[int]:
+        return [i + 1 for i, v in enumerate(board) if v == "."]
+
+    def play(self, board: list[str], move: int, mark: str) -> int:
+        board[move - 1] = mark
+        return move - 1
+
+    def render(self, board: list[str]) -> str:
+        cells = [v if v != "." else str(i + 1) for i, v in enumerate(board)]
+        rows = [" " + " | ".join(cells[r * 3 : r * 3 + 3]) for r in range(3)]
+        return "\n---+---+---\n".join(rows)
+
+
+class Connect4(Rules):
+    name, rows, cols, connect, move_word = "connect four", 6, 7, 4, "column"
+
+    def legal(self, board: list[str]) -> list[int]:
+        return [c + 1 for c in range(self.cols) if board[c] == "."]
+
+    def play(self, board: list[str], move: int, mark: str) -> int:
+        for r in range(self.rows - 1, -1, -1):
+            cell = r * self.cols + move - 1
+            if board[cell] == ".":
+                board[cell] = mark
+                return cell
+        raise ValueError(f"column {move} is full")
+
+    def render(self, board: list[str]) -> str:
+        rows = [" ".join(board[r * 7 : r * 7 + 7]) for r in range(self.rows)]
+        return "\n".join([*rows, " ".join(str(c) for c in range(1, 8))])
+
+
+def negamax(
+    rules: Rules, board: list[str], mark: str, depth: int, alpha: float, beta: float
+) -> float:
+    """Value of `board` for `mark` to move, searching `depth` plies (win = 1, faster is better)."""
+    other = "O" if mark == "X" else "X"
+    moves = rules.legal(board)
+    if not moves:
+        return 0.0
+    if depth == 0:
+        return rules.heuristic(board, mark)
+    best = -2.0
+    for move in moves:
+        cell = rules.play(board, move, mark)
+        if rules.wins(board, cell):
+            value = 1.0 + depth * 1e-3
+        else:
+            value = -negamax(rules, board, other, depth - 1, -beta, -alpha)
+        rules.undo(board, cell)
+        best = max(best, value)
+        alpha = max(alpha, value)
+        if alpha >= beta:
+            break
+    return best
+
+
+@dataclass
+class GameState:
+    board: list[str]
+    mark: str
+    rng_state: Any
+    history: list[str] = field(default_factory=list)
+    illegal: int = 0
+    outcome: str = "unfinished"
+
+
+class GameEnv(MultiTurnEnv):
+    """A board game against a scripted opponent (see the module docstring)."""
+
+    rules: Rules = TicTacToe()
+    default_max_turns = 12
+
+    def __init__(
+        self,
+        *,
+        opponent_depth: int = 0,
+        opponent_epsilon: float = 0.0,
+        max_illegal: int = 3,
+        outcome_reward: Mapping[str, float] | None = None,
+        illegal_penalty: float = 0.1,
+        limits: EpisodeLimits | dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(limits, dict):
+            limits = EpisodeLimits(**limits)
+        if opponent_depth < 0 or not 0.0 <= opponent_epsilon <= 1.0 or max_illegal < 1:
+            raise ValueError(
+                f"{self.env_id}: need opponent_depth >= 0, 0 <= epsilon <= 1, max_illegal >= 1"
+            )
+        super().__init__(
+            limits=limits or EpisodeLimits(max_turns=self.default_max_turns),
+            opponent_depth=opponent_depth,
+            opponent_epsilon=opponent_epsilon,
+            max_illegal=max_illegal,
+            outcome_reward=outcome_reward,
+            illegal_penalty=illegal_penalty,
+        )
+        self.opponent_depth, self.opponent_epsilon = opponent_depth, opponent_epsilon
+        self.max_illegal = max_illegal
+        self.outcome_reward = {**OUTCOME_REWARD, **(outcome_reward or {})}
+        self.illegal_penalty = illegal_penalty
+        self.state = GameState(["."] * (self.rules.rows * self.rules.cols), "X", None)
+
+    def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
+        if split not in DEFAULT_N:
+            raise ValueError(f"{self.env_id}: unknown split {split!r}; use 'train' or 'test'")
+        out = []
+        for i in range(DEFAULT_N[split] if n is None else n):
+            rng = random.Random(f"{self.env_id}:{split}:{seed}:{i}")
+            mark = rng.choice("XO")
+            board = ["."] * (self.rules.rows * self.rules.cols)
+            opening: list[int] = []
+            for k in range(rng.choice((0, 2, 2, 4)) if split == "train" else 2):
+                move = rng.choice(self.rules.legal(board))
+                self.rules.play(board, move, "XO"[k % 2])
+                opening.append(move)
+            prompt = (
+                f"Let's play {self.rules.name}. You are {mark}; X moves first. "
+                f"On your turn reply with your {self.rules.move_word} as <move>N</move>."
+            )
+            info = {"mark": mark, "opening": opening, "game": self.rules.name}
+            out.append(
+                Task(
+                    id=f"{self.env_id}/{split}/{seed}/{i}",
+                    prompt=prompt,
+                    info=info,
+                    env=self.env_id,
+                )
+            )
+        return out
+
+    # ---------------------------------------------------------------- episode
+
+    async def setup(self, task: Task, seed: int) -> None:
+        rng = random.Random(f"{self.env_id}:opponent:{seed}:{task.id}")
+        board = ["."] * (self.rules.rows * self.rules.cols)
+        for k, move in enumerate(task.info.get("opening", ())):
+            self.rules.play(board, int(move), "XO"[k % 2])
+        self.state = GameState(board, str(task.info.get("mark", "X")), rng.getstate())
+        if self._to_move() != self.state.mark:
+            self._opponent_move()
+
+    def opening(self, task: Task) -> list[dict[str, str]]:
+        messages = super().opening(task)
+        messages[-1]["content"] += "\n\n" + self._status()
+        return messages
+
+    def _to_move(self) -> str:
+        stones = sum(v != "." for v in self.state.board)
+        return "X" if stones % 2 == 0 else "O"
+
+    def _status(self) -> str:
+        s = self.state
+        last = (
+            f"Opponent played {s.history[-1].split(':')[1]}.\n"
+            if s.history and s.history[-1].startswith("opp")
+            else ""
+        )
+        legal = ", ".join(map(str, self.rules.legal(s.board)))
+        return f"{last}{self.rules.render(s.board)}\nYou are {s.mark}. Legal moves: {legal}."
+
+    def _opponent_move(self) -> None:
+        s, rules = self.state, self.rules
+        rng = random.Random()
+        rng.setstate(s.rng_state)
+        opp = "O" if s.mark == "X" else "X"
+        moves = rules.legal(s.board)
+        if self.opponent_depth == 0 or rng.random() < self.opponent_epsilon:
+            move = rng.choice(moves)
+        else:
+            scored = []
+            for m in moves:
+                cell = rules.play(s.board, m, opp)
+                won = rules.wins(s.board, cell)
+                depth = self.opponent_depth - 1
+                value = 2.0 if won else -negamax(rules, s.board, s.mark, depth, -3.0, 3.0)
+                rules.undo(s.board, cell)
+                scored.append((value, m))
+            best = max(v for v, _ in scored)
+            move = rng.choice([m for v, m in scored if v >= best - 1e-9])
+        s.rng_state = rng.getstate()
+        cell = rules.play(s.board, move, opp)
+        s.history.append(f"opp:{move}")
+        if rules.wins(s.board, cell):
+            s.outcome = "loss"
+        elif not rules.legal(s.board):
+            s.outcome = "draw"
+
+    async def turn(self, action: str) -> TurnOutcome:
+        s = self.state
+        found = _MOVE.findall(action) or _ANSWER_MOVE.findall(action)
+        legal = self.rules.legal(s.board)
+        move = int(found[-1]) if found and len(found[-1]) <= 3 else None
+        if move not in legal:
+            s.illegal += 1
+            why = "no <move>N</move> found" if move is None else f"{move} is not a legal move"
+            if s.illegal >= self.max_illegal:
+                s.outcome = "forfeit"
+                return TurnOutcome([], done=True, done_reason="forfeit")
+            text = f"Illegal move: {why}. Legal moves: {', '.join(map(str, legal))}."
+            return TurnOutcome([{"role": "user", "content": text}])
+        cell = self.rules.play(s.board, move, s.mark)
+        s.history.append(f"me:{move}")
+        if self.rules.wins(s.board, cell):
+            s.outcome = "win"
+        elif not self.rules.legal(s.board):
+            s.outcome = "draw"
+        else:
+            self._opponent_move()
+        if s.outcome != "unfinished":
+            return TurnOutcome([], done=True, done_reason="game_over")
+        return TurnOutcome([{"role": "user", "content": self._status()}])
+
+    def state_info(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "game/outcome": s.outcome,
+            "game/illegal_moves": s.illegal,
+            "game/moves": list(s.history),
+            "game/board": "".join(s.board),
+        }
+
+    def save_state(self) -> GameState:
+        return copy.deepcopy(self.state)
+
+    def load_state(self, state: Any) -> None:
+        self.state = copy.deepcopy(state)
+
+    def default_grader(self) -> GameGrader:
+        return GameGrader(self.outcome_reward, self.illegal_penalty)
+
+
+class GameGrader:
+    """``outcome_reward[outcome] - illegal_penalty * illegal moves``, from ``rollout.info``."""
+
+    name = "game"
+    version = "1"
+
+    def __init__(
+        self, outcome_reward: Mapping[str, float] | None = None, illegal_penalty: float = 0.1
+    ) -> None:
+        self.outcome_reward = {**OUTCOME_REWARD, **(outcome_reward or {})}
+        self.illegal_penalty = illegal_penalty
+
+    async def grade(self, rollout: Rollout, task: Task) -> Score:
+        prov = {"grader": self.name, "version": self.version}
+        outcome = rollout.info.get("game/outcome")
+        if outcome not in self.outcome_reward:
+            return Score.failed(
+                "invalid", f"rollout has no game outcome ({outcome!r})", provenance=prov
+            )
+        illegal = int(rollout.info.get("game/illegal_moves", 0) or 0)
+        value = self.outcome_reward[outcome] - self.illegal_penalty * illegal
+        return Score(
+            value,
+            components={
+                "correct": float(outcome == "win"),
+                "draw": float(outcome == "draw"),
+                "illegal_moves": float(illegal),
+            },
+            explanation=f"{outcome}, {illegal} illegal move(s)",
+            provenance=prov,
+        )
+
+
+class TicTacToeEnv(GameEnv):
+    """tictactoe-v1 (see the module docstring)."""
+
+    env_id = "tictactoe-v1"
+    rules = TicTacToe()
+
+    default_max_turns = 12  # 5 moves at most, plus room for illegal attempts
+
+
+class Connect4Env(GameEnv):
+    """connect4-v1 (see the module docstring)."""
+
+    env_id = "connect4-v1"
+    rules = Connect4()
+    default_max_turns = 30  # 21 moves at most, plus room for illegal attempts
+
+
+register(TicTacToeEnv.env_id, TicTacToeEnv)
+register(Connect4Env.env_id, Connect4Env)
