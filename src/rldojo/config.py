@@ -76,6 +76,8 @@ class RolloutConfig(_Section):
     """Extra draws to refill dropped groups before training on a partial batch."""
     max_turns: int = Field(8, gt=0)
     """Policy turns per episode before it is cut (status `truncated`)."""
+    max_episode_tokens: int | None = Field(None, gt=0)
+    """Tokens after the prompt (policy + environment) before a multi-turn episode is cut."""
     env_timeout_s: float = Field(30.0, gt=0)
     """Per-call timeout of an environment's reset/step."""
     grade_timeout_s: float = Field(30.0, gt=0)

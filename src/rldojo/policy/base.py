@@ -19,8 +19,11 @@ class Policy(Protocol):
     version: int
     tokenizer: Any
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of a conversation, ending with the assistant turn's opening."""
+    def encode_chat(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of a conversation, ending with the assistant turn's opening; `tools`
+        (OpenAI-format schemas) go through the chat template where it supports them."""
         ...
 
     def generate(

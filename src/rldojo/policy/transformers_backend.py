@@ -51,9 +51,12 @@ class TransformersPolicy:
         if tokenizer.pad_token_id is not None:
             self.eos_ids.add(int(tokenizer.pad_token_id))
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
         text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
+            list(messages), tokenize=False, add_generation_prompt=True, **kwargs
         )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -45,6 +45,7 @@ class _Episode:
     done: bool = False
     turns: int = 0
     version: int = -1
+    tools: Any = None
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,6 +67,13 @@ def _per_task(make_env: EnvFactory) -> Callable[[Task], Env]:
     return make_env  # type: ignore[return-value]
 
 
+def _encode(policy: Policy, messages: list[Message], tools: Any) -> list[int]:
+    """Encode a conversation, passing tool schemas to policies whose `encode_chat` takes them."""
+    if tools and "tools" in inspect.signature(policy.encode_chat).parameters:
+        return policy.encode_chat(messages, tools)
+    return policy.encode_chat(messages)
+
+
 async def _reset(
     ep: _Episode, make_env: Callable[[Task], Env], policy: Policy, timeout_s: float
 ) -> None:
@@ -73,7 +81,8 @@ async def _reset(
         ep.env = make_env(ep.task)
         obs = await _with_timeout(ep.env.reset(ep.task, seed=ep.seed), timeout_s, "env.reset")
         ep.messages = list(obs.messages)
-        ep.prompt_ids = policy.encode_chat(ep.messages)
+        ep.tools = obs.info.get("tools") or None
+        ep.prompt_ids = _encode(policy, ep.messages, ep.tools)
     except Exception as exc:  # an environment failure is a status, not a crash
         _fail(ep, "timeout" if isinstance(exc, TimeoutError) else "env_error", exc)
 
@@ -95,7 +104,9 @@ def _add_policy_turn(ep: _Episode, completion: Completion) -> None:
         ep.info["truncated_turns"] = ep.info.get("truncated_turns", 0) + 1
 
 
-async def _env_turn(ep: _Episode, policy: Policy, timeout_s: float, max_turns: int) -> None:
+async def _env_turn(
+    ep: _Episode, policy: Policy, timeout_s: float, max_turns: int, max_tokens: int | None
+) -> None:
     assert ep.env is not None
     try:
         result = await _with_timeout(ep.env.step(ep.last_text), timeout_s, "env.step")
@@ -104,13 +115,15 @@ async def _env_turn(ep: _Episode, policy: Policy, timeout_s: float, max_turns: i
         return
     for key, value in result.info.items():
         ep.info[key] = value
-    if result.done or ep.turns >= max_turns:
+    over_budget = max_tokens is not None and len(ep.ids) >= max_tokens
+    if result.done or ep.turns >= max_turns or over_budget:
         ep.done = True
         if not result.done:
             ep.status = "truncated"
+            ep.info["episode/cut"] = "tokens" if over_budget else "turns"
         return
     ep.messages.extend(result.messages)
-    full = policy.encode_chat(ep.messages)
+    full = _encode(policy, ep.messages, ep.tools)
     seen = len(ep.prompt_ids) + len(ep.ids)
     env_ids = full[seen:]  # re-encoding may not reproduce the sampled ids exactly
     ep.ids += env_ids
@@ -127,6 +140,7 @@ async def collect_rollouts(
     *,
     env_timeout_s: float = 30.0,
     max_turns: int = 8,
+    max_episode_tokens: int | None = None,
 ) -> list[Rollout]:
     """Run one episode per `(task, sample_index, seed)` and return their rollouts, in order."""
     episodes = [_Episode(task, index, seed) for task, index, seed in tasks]
@@ -146,7 +160,9 @@ async def collect_rollouts(
             _add_policy_turn(ep, completion)
             if ep.version < 0:  # the policy version that started this episode
                 ep.version = policy.version
-        await asyncio.gather(*(_env_turn(ep, policy, env_timeout_s, max_turns) for ep in live))
+        await asyncio.gather(
+            *(_env_turn(ep, policy, env_timeout_s, max_turns, max_episode_tokens) for ep in live)
+        )
         turn += 1
     await asyncio.gather(*(_close(ep) for ep in episodes))
     return [_to_rollout(ep, ep.version if ep.version >= 0 else policy.version) for ep in episodes]

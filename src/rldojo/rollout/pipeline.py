@@ -98,6 +98,7 @@ class AsyncRollouts:
         rollouts = await collect_rollouts(
             t.make_env, t.policy, requests, t.sampling(seed),
             env_timeout_s=cfg.rollout.env_timeout_s, max_turns=cfg.rollout.max_turns,
+                max_episode_tokens=cfg.rollout.max_episode_tokens,
         )  # fmt: skip
         t1 = time.perf_counter()
         self._set_activity(f"grading {len(rollouts)} samples with {t.grader.name}")

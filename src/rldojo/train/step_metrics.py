@@ -87,6 +87,7 @@ def rollout_metrics(
     for env, env_scores in by_env.items():
         out[f"reward/{env}/mean"] = sum(float(s.value or 0.0) for s in env_scores) / len(env_scores)
         out[f"reward/{env}/pass_rate"] = sum(_pass(s) for s in env_scores) / len(env_scores)
+    out |= info_metrics(rollouts)
     components: dict[str, list[float]] = {}
     for s in ok:
         for name, value in s.components.items():
@@ -94,6 +95,26 @@ def rollout_metrics(
     for name, vals in components.items():
         out[f"reward/component/{name}"] = sum(vals) / len(vals)
     return out
+
+
+_INFO_PREFIXES = ("tool/", "format/", "episode/", "game/", "crm/", "repair")
+
+
+def info_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Environment counters from `rollout.info`: numeric ones averaged over rollouts,
+    text ones (e.g. `episode/done_reason`) counted per value."""
+    sums: dict[str, float] = {}
+    counts: Counter[str] = Counter()
+    for r in rollouts:
+        for key, value in r.info.items():
+            if not key.startswith(_INFO_PREFIXES):
+                continue
+            if isinstance(value, bool | int | float):
+                sums[key] = sums.get(key, 0.0) + float(value)
+            elif isinstance(value, str):
+                counts[f"{key}/{value}"] += 1
+    n = max(len(rollouts), 1)
+    return {f"env/{k}": v / n for k, v in sums.items()} | {f"env/{k}": c for k, c in counts.items()}
 
 
 def forking_tokens(

@@ -248,6 +248,7 @@ class Trainer:
             rollouts = await collect_rollouts(
                 self.make_env, self.policy, requests, self.sampling(seed),
                 env_timeout_s=cfg.rollout.env_timeout_s, max_turns=cfg.rollout.max_turns,
+                max_episode_tokens=cfg.rollout.max_episode_tokens,
             )  # fmt: skip
             t1 = time.perf_counter()
             scores = await grade_rollouts(
