@@ -39,7 +39,7 @@ from rldojo.graders.code import (
     CodeGradingConfig,
     CodeTestsGrader,
     Suite,
-    _driver_spec,
+    driver_spec,
     extract_code,
     suite_from_info,
 )
@@ -188,7 +188,7 @@ async def _run_visible(
 ) -> VisibleCheck:
     cfg = replace(grader.config, decoys=False)  # only the final grade needs the decoys
     canary = CANARY_PREFIX + os.urandom(6).hex()
-    spec = _driver_spec(code, Suite(entry_point, tuple(tests)), list(tests), cfg, canary)
+    spec = driver_spec(code, Suite(entry_point, tuple(tests)), list(tests), cfg, canary)
     result = await grader.pool.execute_async(spec)
     if result.status == "sandbox_error":
         raise FeedbackError(f"sandbox error after {result.attempts} attempts: {result.error}")

@@ -99,7 +99,9 @@ def extract_code(completion: str, entry_point: str | None = None) -> str:
     """The Python code of a completion: a fenced block when there is one, else all of it.
 
     Among several fenced blocks the last one defining `entry_point` wins, else the last.
+    Lone surrogates (invalid UTF-8 a model can emit) become "?" so the code can be sent.
     """
+    completion = completion.encode("utf-8", "replace").decode("utf-8")
     blocks = [m.group(2) for m in _FENCE.finditer(completion)]
     if not blocks:
         return completion
@@ -167,9 +169,10 @@ def _job_test(test: TestCase | Any) -> dict[str, Any]:
     return {"args": test[1][0], "kwargs": test[1][1]}  # a harvested tagged [args, kwargs]
 
 
-def _driver_spec(
+def driver_spec(
     code: str, suite: Suite, calls: Sequence[Any], cfg: CodeGradingConfig, canary: str
 ) -> ExecSpec:
+    """The sandbox job that runs `calls` (inputs only) against `code` under the driver."""
     mode = "io" if any(isinstance(c, IOTest) for c in calls) else "call"
     total = min(cfg.total_timeout_s, cfg.test_timeout_s * len(calls) + 1.0)
     limits = Limits(timeout_s=total + 5.0, memory_mb=cfg.memory_mb)
@@ -258,7 +261,7 @@ class CodeTestsGrader:
         rng = random.Random(os.urandom(8))
         rng.shuffle(order)  # the position of a test says nothing (visible or held out)
         canary = CANARY_PREFIX + os.urandom(6).hex()
-        spec = _driver_spec(code, suite, [calls[i] for i in order], self.config, canary)
+        spec = driver_spec(code, suite, [calls[i] for i in order], self.config, canary)
         result = self.pool.execute(spec)
         if result.status == "sandbox_error":
             raise DriverError(f"sandbox error after {result.attempts} attempts: {result.error}")
