@@ -1,0 +1,38 @@
+"""rldojo.serve: an OpenAI-compatible HTTP server over a local model (`rldojo serve`).
+
+So the default SmolLM2 (or `tiny-random` in tests) can act as a judge or an eval target
+through the real openai client, on loopback, with no network.
+
+- `engine`: `ChatEngine` protocol, `TransformersEngine` (batched local generation),
+  `ScriptedEngine` (replies are a function of the request: deterministic judge stand-in).
+- `app`: the FastAPI routes (/v1/chat/completions, /v1/models, /v1/embeddings).
+- `standin`: `StandinJudge`, a deterministic judge of rldojo's judge prompts (tests).
+- `server`: `start_server(...)` in a background thread, `serve_forever(...)` for the CLI.
+"""
+
+from rldojo.serve.engine import (
+    ChatChoice,
+    ChatEngine,
+    ChatRequest,
+    ChatResult,
+    ScriptedEngine,
+    TransformersEngine,
+    bag_of_letters,
+)
+from rldojo.serve.server import ServerHandle, make_engine, serve_forever, start_server
+from rldojo.serve.standin import StandinJudge
+
+__all__ = [
+    "ChatChoice",
+    "ChatEngine",
+    "ChatRequest",
+    "ChatResult",
+    "ScriptedEngine",
+    "ServerHandle",
+    "StandinJudge",
+    "TransformersEngine",
+    "bag_of_letters",
+    "make_engine",
+    "serve_forever",
+    "start_server",
+]

@@ -1,0 +1,132 @@
+"""Run the OpenAI-compatible server: in a background thread (tests, in-process judges) or
+in the foreground (`rldojo serve`).
+
+    with start_server("tiny-random") as server:        # 127.0.0.1, a free port
+        client = openai.OpenAI(base_url=server.url, api_key="unused")
+        client.chat.completions.create(model=server.model, messages=[...])
+
+The server binds 127.0.0.1 unless told otherwise: it has no authentication.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from rldojo.serve.app import build_app
+from rldojo.serve.engine import ChatEngine, TransformersEngine
+
+__all__ = ["ServerHandle", "make_engine", "serve_forever", "start_server"]
+
+
+def make_engine(
+    model: str | ChatEngine, *, dtype: str = "bfloat16", max_batch: int = 16
+) -> ChatEngine:
+    """An engine for a model name (loaded with transformers), or `model` itself."""
+    if isinstance(model, str):
+        return TransformersEngine(model, dtype=dtype, max_batch=max_batch)
+    return model
+
+
+@dataclass
+class ServerHandle:
+    """A running server. `url` is the base URL for the openai SDK (ends in ``/v1``)."""
+
+    host: str
+    port: int
+    engine: ChatEngine
+    _server: uvicorn.Server
+    _thread: threading.Thread
+    _owns_engine: bool
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
+
+    def close(self) -> None:
+        """Stop serving and join the thread (and close the engine if we made it)."""
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        if self._owns_engine:
+            self.engine.close()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _config(engine: ChatEngine, host: str, port: int, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        build_app(engine),
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="off",
+        access_log=False,
+    )
+
+
+def start_server(
+    model: str | ChatEngine = "tiny-random",
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    dtype: str = "bfloat16",
+    max_batch: int = 16,
+    start_timeout_s: float = 60.0,
+) -> ServerHandle:
+    """Serve `model` (a name or an engine) in a daemon thread; port 0 picks a free port."""
+    engine = make_engine(model, dtype=dtype, max_batch=max_batch)
+    server = uvicorn.Server(_config(engine, host, port, "warning"))
+    thread = threading.Thread(target=server.run, name="rldojo-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            if isinstance(model, str):
+                engine.close()
+            raise RuntimeError(f"rldojo serve did not start on {host}:{port}")
+        time.sleep(0.01)
+    sockets: list[Any] = [s for srv in server.servers for s in srv.sockets]
+    bound_port = int(sockets[0].getsockname()[1])
+    return ServerHandle(host, bound_port, engine, server, thread, isinstance(model, str))
+
+
+def serve_forever(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    dtype: str = "bfloat16",
+    on_ready: Callable[[ServerHandle], None] | None = None,
+) -> None:
+    """Serve until interrupted (what `rldojo serve` runs); `on_ready` gets the handle
+    once the port is bound (port 0 picks a free one)."""
+    handle = start_server(model, host, port, dtype=dtype)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stop as cleanly as on Ctrl-C
+    try:
+        if on_ready is not None:
+            on_ready(handle)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.close()
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
