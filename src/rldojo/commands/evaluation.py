@@ -1,64 +1,365 @@
-"""`rldojo eval`: held-out accuracy of a model on an environment's test split."""
+"""`rldojo eval`: a model (local or an OpenAI-compatible endpoint) on an environment's tasks.
+
+    rldojo eval --model M --env arith-v1 [--samples K] [--compare M2] [--perturb all]
+                [--label-errors FILE] [--out result.json] [--report report.md]
+
+Reports pass@k (unbiased) for k up to K, avg@K, maj@K and mean reward with task-level
+bootstrap intervals; with `--compare`, the paired difference (paired bootstrap, exact
+McNemar) on the same tasks and seeds; with `--perturb`, the robustness probes
+(`rldojo.eval.perturb`); with `--label-errors`, the noise ceiling (`rldojo.eval.noise`);
+and always the failure modes (`rldojo.eval.failures`). A model is a built-in name, a
+directory or checkpoint, or an endpoint ``http://host:port/v1#served-model-name``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+
+from rldojo.types import SamplingParams, Task
+
+
+def set_threads(threads: int | None) -> None:
+    """Set torch's CPU threads (None: leave torch's default). On a machine shared with
+    other jobs, fewer threads than cores avoids OpenMP oversubscription."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def register(app: typer.Typer) -> None:
     app.command("eval")(eval_)
 
 
-def eval_(
-    model: Annotated[
-        str, typer.Option(help="Model name, directory or checkpoint")
-    ] = "smollm2-135m-instruct",
-    env: Annotated[str, typer.Option(help="Environment id")] = "arith-v1",
-    tasks: Annotated[int, typer.Option(help="Held-out tasks")] = 128,
-    max_new_tokens: Annotated[int, typer.Option()] = 48,
-    seed: Annotated[int, typer.Option()] = 0,
-    out: Annotated[Path | None, typer.Option(help="Write per-task results as JSON")] = None,
-) -> None:
-    """Greedy held-out accuracy of a model on an environment's test split."""
-    from rldojo.cli import console, fail, user_errors
-    from rldojo.envs.registry import make_env
-    from rldojo.eval.harness import evaluate
+def _policy(spec: str, api_key: str | None) -> Any:
+    """A local model (`TransformersPolicy`) or an endpoint (`OpenAIPolicy`) from a spec."""
+    if spec.startswith(("http://", "https://")):
+        import os
+
+        from rldojo.eval.harness import OpenAIPolicy
+
+        base_url, _, served = spec.partition("#")
+        key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
+        return OpenAIPolicy(base_url, served or "default", api_key=key)
     from rldojo.policy.models import load_model
     from rldojo.policy.transformers_backend import TransformersPolicy
-    from rldojo.types import SamplingParams
 
-    try:
-        environment = make_env(env)
-        grader = environment.default_grader()
-        test = list(environment.tasks("test", seed=seed, n=tasks))[:tasks]
-        m, tok = load_model(model)
-        policy = TransformersPolicy(m, tok)
-        result = asyncio.run(
-            evaluate(
-                lambda: make_env(env),
-                grader,
+    model, tokenizer = load_model(spec)
+    return TransformersPolicy(model, tokenizer)
+
+
+class _Runner:
+    """Runs evaluations of one environment on one event loop (grader pools bind to it)."""
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], sampling: SamplingParams) -> None:
+        from rldojo.envs.registry import make_env
+
+        self.make_env = lambda: make_env(env_id, **env_kwargs)
+        self.grader = self.make_env().default_grader()
+        self.sampling = sampling
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, policy: Any, tasks: list[Task], samples: int, seed: int) -> Any:
+        from rldojo.eval.harness import evaluate_samples
+
+        return self.loop.run_until_complete(
+            evaluate_samples(
+                self.make_env,
+                self.grader,
                 policy,
-                test,
-                SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+                tasks,
+                self.sampling,
+                samples=samples,
                 seed=seed,
             )
         )
-    except user_errors() as exc:
+
+
+def _ks(samples: int, ks: list[int] | None) -> list[int]:
+    if ks:
+        return sorted({k for k in ks if 1 <= k <= samples})
+    powers = [2**i for i in range(int(math.log2(samples)) + 1)]
+    return sorted({*powers, samples})
+
+
+def _summary_table(title: str, summary: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("metric", "value", "95% CI (bootstrap)", "95% CI (Wilson)", "tasks"):
+        table.add_column(column)
+    for name, m in summary.items():
+        wilson = f"{m.wilson[0]:.3f} – {m.wilson[1]:.3f}" if m.wilson else ""
+        table.add_row(name, f"{m.value:.3f}", f"{m.lo:.3f} – {m.hi:.3f}", wilson, str(m.n))
+    return table
+
+
+def _task_rows(result: Any, ks: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    for t in result.tasks:
+        row: dict[str, Any] = {
+            "task_id": t.task_id,
+            "answer": t.reference,
+            "n": t.n,
+            "passes": t.c,
+            "statuses": t.statuses,
+            "majority_correct": t.majority(),
+            "mean_reward": t.mean_reward(),
+            "completion": t.completions[0] if t.completions else "",
+            "passed": bool(t.passes[0]) if t.passes else False,
+        }
+        row |= {f"pass@{k}": t.pass_at(k) for k in ks}
+        rows.append(row)
+    return rows
+
+
+def _as_json(summary: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: {"value": m.value, "ci95": [m.lo, m.hi], "wilson95": m.wilson, "tasks": m.n}
+        for k, m in summary.items()
+    }
+
+
+def _robustness(runner: _Runner, policy: Any, tasks: list[Task], base: Any, args: Any) -> Any:
+    from rldojo.eval.multiple_choice import item_from_task
+    from rldojo.eval.perturb import robustness_report, select_suite
+
+    suite = select_suite(args["perturb"], item_from_task(tasks[0]) is not None)
+    outcomes = {"baseline": {k: v > 0 for k, v in base.per_task("maj").items()}}
+    for p in suite[1:]:
+        result = runner.run(policy, [p.apply(t) for t in tasks], args["samples"], args["seed"])
+        outcomes[p.name] = {k: v > 0 for k, v in result.per_task("maj").items()}
+    return robustness_report(outcomes, n_resamples=args["bootstrap"], seed=args["seed"])
+
+
+def _print_robustness(console: Any, report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"robustness ({report['tasks']} tasks)")
+    for column in ("variant", "accuracy", "95% CI", "vs baseline"):
+        table.add_column(column)
+    for name, v in report["variants"].items():
+        lo, hi = v["ci95"]
+        table.add_row(
+            name, f"{v['accuracy']:.3f}", f"{lo:.3f} – {hi:.3f}", f"{v['diff_vs_baseline']:+.3f}"
+        )
+    console.print(table)
+    console.print(
+        f"spread (max - min) {report['spread']:.3f}, std {report['std']:.3f}, "
+        f"tasks that flip {len(report['flips'])} ({report['flip_rate']:.1%})"
+    )
+
+
+def _markdown(data: dict[str, Any]) -> str:
+    lines = [f"# rldojo eval: {data['model']} on {data['env']}", ""]
+    lines += ["| metric | value | 95% CI (bootstrap) | 95% CI (Wilson) | tasks |"]
+    lines.append("|---|---:|---|---|---:|")
+    for name, m in data["metrics"].items():
+        w = f"{m['wilson95'][0]:.3f}–{m['wilson95'][1]:.3f}" if m["wilson95"] else ""
+        ci = f"{m['ci95'][0]:.3f}–{m['ci95'][1]:.3f}"
+        lines.append(f"| {name} | {m['value']:.3f} | {ci} | {w} | {m['tasks']} |")
+    if "compare" in data:
+        c = data["compare"]
+        lines += [
+            "",
+            f"## {data['compare_model']} minus {data['model']}",
+            "",
+            f"avg@K difference {c['diff']:+.3f} (95% CI {c['diff_ci95'][0]:+.3f} to "
+            f"{c['diff_ci95'][1]:+.3f}, paired bootstrap p={c['bootstrap_p']:.3g}); McNemar: "
+            f"{c['mcnemar']['a_only']} tasks only A, {c['mcnemar']['b_only']} only B, "
+            f"p={c['mcnemar']['p_value']:.3g}",
+        ]
+    if "robustness" in data:
+        r = data["robustness"]
+        lines += ["", "## Robustness", "", "| variant | accuracy | 95% CI |", "|---|---:|---|"]
+        for name, v in r["variants"].items():
+            lines.append(
+                f"| {name} | {v['accuracy']:.3f} | {v['ci95'][0]:.3f}–{v['ci95'][1]:.3f} |"
+            )
+        lines.append(f"\nspread {r['spread']:.3f}; tasks that flip: {len(r['flips'])}")
+    if "noise" in data:
+        n = data["noise"]
+        lines += [
+            "",
+            f"## Noise ceiling\n\nobserved {n['observed']:.3f}, ceiling {n['ceiling']:.3f}, "
+            f"adjusted {n['adjusted']:.3f}, relative {n['relative']:.3f}",
+        ]
+    from rldojo.eval.failures import FailureGroup, failures_markdown
+
+    for key, model in (
+        ("failures", data["model"]),
+        ("compare_failures", data.get("compare_model")),
+    ):
+        if key in data:
+            groups = [FailureGroup(**g) for g in data[key]]
+            lines += ["", f"## Failure modes: {model}", "", failures_markdown(groups)]
+    return "\n".join([*lines, ""])
+
+
+def eval_(
+    model: Annotated[
+        str, typer.Option(help="Model name, directory, checkpoint, or http://host/v1#name")
+    ] = "smollm2-135m-instruct",
+    env: Annotated[str, typer.Option(help="Environment id")] = "arith-v1",
+    tasks: Annotated[int, typer.Option(help="Tasks of the split to evaluate")] = 128,
+    max_new_tokens: Annotated[int, typer.Option()] = 48,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path | None, typer.Option(help="Write results as JSON")] = None,
+    samples: Annotated[int, typer.Option(help="Samples per task (K)")] = 1,
+    temperature: Annotated[
+        float | None, typer.Option(help="Default: greedy for K=1, else 0.7")
+    ] = None,
+    k: Annotated[list[int] | None, typer.Option("--k", help="pass@k values to report")] = None,
+    compare: Annotated[
+        str | None, typer.Option(help="A second model, paired on the same tasks")
+    ] = None,
+    split: Annotated[str, typer.Option()] = "test",
+    env_kwargs: Annotated[str, typer.Option(help="JSON kwargs for the environment")] = "{}",
+    perturb: Annotated[
+        list[str] | None, typer.Option(help="Robustness probes: 'all' or variant names")
+    ] = None,
+    label_errors: Annotated[
+        Path | None, typer.Option(help="Label-error file (noise ceiling)")
+    ] = None,
+    chance: Annotated[float, typer.Option(help="Chance a wrong answer hits a wrong label")] = 0.0,
+    report: Annotated[Path | None, typer.Option(help="Write a Markdown report")] = None,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples")] = 2000,
+    api_key: Annotated[
+        str | None, typer.Option(help="Endpoint key (default $OPENAI_API_KEY)")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="torch CPU threads (1 helps on a busy machine)")
+    ] = None,
+) -> None:
+    """pass@k, avg@k, maj@k with intervals; paired comparison; robustness; failure modes."""
+    from rldojo.cli import console, fail
+
+    if samples < 1:
+        fail("--samples must be >= 1")
+    set_threads(threads)
+    opts = dict(locals())
+    opts["temperature"] = temperature if temperature is not None else (0.0 if samples == 1 else 0.7)
+    try:
+        data = _run(opts, console)
+    except _errors() as exc:
         fail(str(exc))
         return
-    lo, hi = result.ci95
-    console.print(
-        f"{model} on {env}: accuracy {result.accuracy:.1%} (n={result.n}, 95% CI "
-        f"{lo:.1%}-{hi:.1%}), mean reward {result.mean_reward:.3f}, statuses {result.statuses}"
-    )
     if out is not None:
-        out.write_text(
-            json.dumps(
-                {"accuracy": result.accuracy, "ci95": result.ci95, "rows": result.rows}, indent=2
+        out.write_text(json.dumps(data, indent=2, default=str))
+    if report is not None:
+        report.write_text(_markdown(data))
+        if "robustness" in data:
+            from rldojo.eval.plots import robustness
+
+            robustness(
+                data["robustness"]["variants"], report.with_name(f"{report.stem}_robustness.png")
             )
-        )
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    """Errors that are the user's input (or endpoint), shown as one line."""
+    from openai import OpenAIError
+
+    from rldojo.cli import user_errors
+
+    return (*user_errors(), json.JSONDecodeError, ValueError, FileNotFoundError, OpenAIError)
+
+
+def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
+    from rldojo.envs.registry import make_env
+    from rldojo.eval.failures import failures_table, group_failures
+
+    kwargs = json.loads(o["env_kwargs"])
+    task_list = list(make_env(o["env"], **kwargs).tasks(o["split"], seed=o["seed"], n=o["tasks"]))
+    if not task_list:
+        raise ValueError(f"{o['env']} has no {o['split']} tasks")
+    task_list = task_list[: o["tasks"]]
+    runner = _Runner(o["env"], kwargs, SamplingParams(o["max_new_tokens"], o["temperature"]))
+    policy = _policy(o["model"], o["api_key"])
+    result = runner.run(policy, task_list, o["samples"], o["seed"])
+    ks = _ks(o["samples"], o["k"])
+    summary = result.summary(ks, n_resamples=o["bootstrap"], seed=o["seed"])
+    title = (
+        f"{o['model']} on {o['env']} ({len(task_list)} tasks, "
+        f"K={o['samples']}, T={o['temperature']:g})"
+    )
+    console.print(_summary_table(title, summary))
+    first = summary[f"pass@{ks[0]}"]
+    data: dict[str, Any] = {
+        "model": o["model"],
+        "env": o["env"],
+        "samples": o["samples"],
+        "temperature": o["temperature"],
+        "accuracy": first.value,
+        "ci95": [first.lo, first.hi],
+        "statuses": result.statuses(),
+        "metrics": _as_json(summary),
+        "rows": _task_rows(result, ks),
+    }
+    if o["compare"] is not None:
+        _compare(o, runner, task_list, result, ks, data, console)
+    if o["perturb"]:
+        data["robustness"] = _robustness(runner, policy, task_list, result, o)
+        _print_robustness(console, data["robustness"])
+    if o["label_errors"] is not None:
+        _noise(o, task_list, result, data, console)
+    groups = group_failures(result.records)
+    if groups:
+        console.print(failures_table(groups, title=f"failure modes of {o['model']}"))
+    data["failures"] = [g.__dict__ for g in groups]
+    console.print(f"statuses {data['statuses']}")
+    return data
+
+
+def _compare(
+    o: dict[str, Any],
+    runner: _Runner,
+    tasks: list[Task],
+    result: Any,
+    ks: list[int],
+    data: dict[str, Any],
+    console: Any,
+) -> None:
+    from rldojo.eval.failures import failures_table, group_failures
+    from rldojo.eval.harness import compare_evals
+
+    other = runner.run(_policy(o["compare"], o["api_key"]), tasks, o["samples"], o["seed"])
+    other_summary = other.summary(ks, n_resamples=o["bootstrap"], seed=o["seed"])
+    console.print(_summary_table(f"{o['compare']} on {o['env']}", other_summary))
+    c = compare_evals(result, other, n_resamples=o["bootstrap"], seed=o["seed"])
+    other_groups = group_failures(other.records)
+    data["compare_failures"] = [g.__dict__ for g in other_groups]
+    if other_groups:
+        console.print(failures_table(other_groups, title=f"failure modes of {o['compare']}"))
+    data |= {
+        "compare_model": o["compare"],
+        "compare": c,
+        "compare_metrics": _as_json(other_summary),
+    }
+    console.print(
+        f"B - A avg@{o['samples']}: {c['diff']:+.3f} (95% CI {c['diff_ci95'][0]:+.3f} to "
+        f"{c['diff_ci95'][1]:+.3f}, p={c['bootstrap_p']:.3g}); McNemar "
+        f"{c['mcnemar']['a_only']}/{c['mcnemar']['b_only']} discordant (A only/B only), "
+        f"p={c['mcnemar']['p_value']:.3g}"
+    )
+
+
+def _noise(
+    o: dict[str, Any], tasks: list[Task], result: Any, data: dict[str, Any], console: Any
+) -> None:
+    from rldojo.eval.noise import load_label_errors, noise_ceiling
+
+    p_err = load_label_errors(o["label_errors"], {t.id: t.answer for t in tasks})
+    outcomes = {t: v > 0 for t, v in result.per_task("maj").items()}
+    noise = noise_ceiling(outcomes, p_err, chance=o["chance"], seed=o["seed"]).as_dict()
+    data["noise"] = noise
+    console.print(
+        f"noise ceiling {noise['ceiling']:.3f}; observed {noise['observed']:.3f}, "
+        f"adjusted {noise['adjusted']:.3f}, relative to ceiling {noise['relative']:.3f}"
+    )

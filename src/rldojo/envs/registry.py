@@ -27,6 +27,7 @@ __all__ = ["BUILTIN_MODULES", "UnknownEnvError", "list_envs", "make_env", "regis
 BUILTIN_MODULES: tuple[str, ...] = (
     "rldojo.envs.arith",
     "rldojo.envs.math",
+    "rldojo.envs.mcq",
     "rldojo.envs.crm",
     "rldojo.envs.arith_tools",
     "rldojo.envs.games",

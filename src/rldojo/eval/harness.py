@@ -273,12 +273,15 @@ class TaskResult:
 
 @dataclass(frozen=True)
 class MetricCI:
-    """A metric's value over `n` tasks with its bootstrap interval."""
+    """A metric's value over `n` tasks with its bootstrap interval, and the Wilson interval
+    when every per-task value is 0 or 1 (the percentile bootstrap collapses to a point
+    when all tasks pass or all fail; Wilson does not)."""
 
     value: float
     lo: float
     hi: float
     n: int
+    wilson: tuple[float, float] | None = None
 
 
 @dataclass
@@ -294,22 +297,18 @@ class SampledEval:
 
     def per_task(self, metric: str) -> dict[str, float]:
         """Per-task scores of `metric` (`pass@K`, `avg`, `maj`, `reward`), tasks with data."""
-        out: dict[str, float] = {}
-        for t in self.tasks:
-            value: float | bool | None
-            if metric.startswith("pass@"):
-                value = t.pass_at(int(metric[5:]))
-            elif metric == "avg":
-                value = t.c / t.n if t.n else None
-            elif metric == "maj":
-                value = t.majority()
-            elif metric == "reward":
-                value = t.mean_reward()
-            else:
-                raise ValueError(f"unknown metric {metric!r}")
-            if value is not None:
-                out[t.task_id] = float(value)
-        return out
+        scores: dict[str, Callable[[TaskResult], float | bool | None]] = {
+            "avg": lambda t: t.c / t.n if t.n else None,
+            "maj": TaskResult.majority,
+            "reward": TaskResult.mean_reward,
+        }
+        if metric.startswith("pass@"):
+            k = int(metric[5:])
+            scores[metric] = lambda t: t.pass_at(k)
+        if metric not in scores:
+            raise ValueError(f"unknown metric {metric!r}")
+        values = {t.task_id: scores[metric](t) for t in self.tasks}
+        return {tid: float(v) for tid, v in values.items() if v is not None}
 
     def summary(
         self, ks: Sequence[int] = (1,), *, n_resamples: int = 2000, seed: int = 0
@@ -323,7 +322,9 @@ class SampledEval:
             values = list(self.per_task(key).values())
             mean = sum(values) / len(values) if values else math.nan
             lo, hi = bootstrap_ci(values, n_resamples=n_resamples, seed=seed)
-            out[name] = MetricCI(mean, lo, hi, len(values))
+            binary = all(v in (0.0, 1.0) for v in values)
+            wilson = wilson_interval(int(sum(values)), len(values)) if binary else None
+            out[name] = MetricCI(mean, lo, hi, len(values), wilson)
         return out
 
 

@@ -143,6 +143,24 @@ def _train_step(
     return {"loss/kl": total / tokens, "optim/grad_norm": float(grad_norm), "tokens": tokens}
 
 
+def _step_rollouts(
+    cfg: DistillConfig,
+    step: int,
+    tasks: list[Any],
+    policy: TransformersPolicy,
+    env_factory: Callable[[], Any],
+    loop: asyncio.AbstractEventLoop,
+) -> list[Rollout]:
+    """This step's sequences: one sample per prompt from the generating model."""
+    start = step * cfg.prompts_per_step
+    chosen = [tasks[(start + i) % len(tasks)] for i in range(cfg.prompts_per_step)]
+    seed = cfg.seed * 1_000_003 + step
+    requests = [(t, 0, seed + i) for i, t in enumerate(chosen)]
+    sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=seed)
+    rollouts = loop.run_until_complete(collect_rollouts(env_factory, policy, requests, sampling))
+    return [r for r in rollouts if r.trainable]
+
+
 def distill(
     cfg: DistillConfig,
     out_dir: Path,
@@ -176,15 +194,7 @@ def distill(
         with (out_dir / "metrics.jsonl").open("w") as metrics_file:
             for step in range(cfg.steps):
                 t0 = time.perf_counter()
-                start = step * cfg.prompts_per_step
-                chosen = [tasks[(start + i) % len(tasks)] for i in range(cfg.prompts_per_step)]
-                seed = cfg.seed * 1_000_003 + step
-                requests = [(t, 0, seed + i) for i, t in enumerate(chosen)]
-                sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=seed)
-                rollouts: list[Rollout] = loop.run_until_complete(
-                    collect_rollouts(env_factory, policy, requests, sampling)
-                )
-                rollouts = [r for r in rollouts if r.trainable]
+                rollouts = _step_rollouts(cfg, step, tasks, policy, env_factory, loop)
                 if not rollouts:
                     continue
                 batch = build_token_batch(rollouts, s_tok.pad_token_id)

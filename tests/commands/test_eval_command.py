@@ -1,0 +1,92 @@
+"""`rldojo eval` end to end on the tiny model and on a stand-in OpenAI-compatible endpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from typer.testing import CliRunner
+
+from rldojo.cli import app
+
+runner = CliRunner()
+
+
+def test_eval_samples_compare_perturb_noise_and_report(tmp_path):
+    errors = tmp_path / "errors.jsonl"
+    errors.write_text(json.dumps({"task_id": "arith-v1/test/0/0", "mislabeled": True}) + "\n")
+    out, report = tmp_path / "eval.json", tmp_path / "eval.md"
+    args = [
+        "eval", "--model", "tiny-random", "--tasks", "3", "--max-new-tokens", "3",
+        "--samples", "2", "--compare", "tiny-random", "--perturb", "template=qa",
+        "--label-errors", str(errors), "--bootstrap", "200", "--out", str(out),
+        "--report", str(report),
+    ]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["samples"] == 2 and data["temperature"] == 0.7
+    assert {"pass@1", "pass@2", "avg@2", "maj@2", "reward"} == set(data["metrics"])
+    assert data["metrics"]["pass@1"]["tasks"] == 3 and len(data["rows"]) == 3
+    assert data["compare"]["tasks"] == 3 and "mcnemar" in data["compare"]
+    assert set(data["robustness"]["variants"]) == {"baseline", "template=qa"}
+    assert data["noise"]["ceiling"] == pytest.approx(2 / 3)
+    assert any(f["cause"] == "component:format=0" for f in data["failures"])
+    text = report.read_text()
+    assert "| pass@1 |" in text and "## Robustness" in text
+    assert "## Failure modes: tiny-random" in text and text.count("## Failure modes") == 2
+    assert (tmp_path / "eval_robustness.png").exists()
+
+
+def test_eval_bad_input_is_one_line():
+    result = runner.invoke(app, ["eval", "--env", "nope-v1"])
+    assert result.exit_code == 2 and "unknown environment 'nope-v1'" in result.output
+    result = runner.invoke(app, ["eval", "--perturb", "labels=numbers", "--model", "tiny-random",
+                                 "--tasks", "1", "--max-new-tokens", "1"])  # fmt: skip
+    assert result.exit_code == 2 and "unknown perturbation" in result.output
+
+
+class _Stub(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        a, b = re.search(r"What is (\d+) \+ (\d+)\?", body["messages"][-1]["content"]).groups()
+        data = json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": f"Answer: {int(a) + int(b)}"},
+                    }
+                ],
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_eval_against_an_openai_compatible_endpoint(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), _Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v1#stub"
+        out = tmp_path / "e.json"
+        result = runner.invoke(app, ["eval", "--model", url, "--tasks", "5", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert json.loads(out.read_text())["accuracy"] == 1.0
+    finally:
+        server.shutdown()
+        server.server_close()
