@@ -1,10 +1,10 @@
 """Configuration: one pydantic model per component, loaded from TOML plus `--set` overrides.
 
 A training config is a TOML file whose tables match the sections below (`[model]`,
-`[env]`, `[grader]`, `[sampling]`, `[rollout]`, `[loss]`, `[optim]`, `[eval]`, `[run]`); every key
-is optional and documented once, here. Unknown keys are errors (typos must not silently
-fall back to defaults). Every error is one line naming the file and the key, e.g.
-`my.toml: loss.rho: Input should be less than or equal to 1`.
+`[env]`, `[grader]`, `[sampling]`, `[rollout]`, `[loss]`, `[curriculum]`, `[optim]`,
+`[eval]`, `[run]`); every key is optional and documented once, here. Unknown keys are
+errors (typos must not silently fall back to defaults). Every error is one line naming
+the file and the key, e.g. `my.toml: loss.rho: Input should be less than or equal to 1`.
 """
 
 from __future__ import annotations
@@ -129,6 +129,16 @@ class OptimConfig(_Section):
     """Run each group's shared prompt through the model once per micro-batch (exact)."""
 
 
+class CurriculumSection(_Section):
+    enabled: bool = False
+    """Down-weight or retire tasks whose recent groups were all-correct or all-wrong."""
+    window: int = Field(2, ge=1)
+    """A task is saturated when its last `window` groups were all-correct (or all-wrong)."""
+    mode: Literal["downweight", "retire"] = "downweight"
+    saturated_weight: float = Field(0.1, ge=0.0, le=1.0)
+    pass_threshold: float = 1.0
+
+
 class EvalConfig(_Section):
     tasks: int = Field(128, ge=0)
     """Held-out tasks (test split) evaluated greedily before and after training; 0 disables."""
@@ -163,6 +173,7 @@ class TrainConfig(_Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunConfig = Field(default_factory=RunConfig)

@@ -71,3 +71,30 @@ def test_trainer_step_reports_each_environment(tmp_path):
         trainer.close()
     envs = {k.split("/")[1] for k in metrics if k.startswith("reward/") and k.endswith("/mean")}
     assert {"arith-v1", "math-v1"} <= envs
+
+
+def test_curriculum_retires_saturated_tasks_across_resume(tmp_path):
+    overrides = [
+        "model.name=tiny-random", "model.autocast_bf16=false", "rollout.prompts_per_step=2",
+        "rollout.group_size=2", "rollout.dynamic_sampling=false", "sampling.max_new_tokens=4",
+        "eval.tasks=0", f"run.output_dir={tmp_path}", "curriculum.enabled=true",
+        "curriculum.window=1", "curriculum.mode=retire", "env.train_tasks=20",
+    ]  # fmt: skip
+    trainer = Trainer(load_config(None, overrides), tmp_path / "c")
+    try:
+        metrics = trainer.step()
+        seen = {r["task_id"] for r in trainer.ledger.samples(0, limit=100)}
+        state = trainer.curriculum.state_dict()
+        trainer.save()
+    finally:
+        trainer.close()
+    # A random model never writes "Answer: N": its groups are all-wrong, so they retire.
+    assert any(k.startswith("curriculum/") for k in metrics)
+    assert len(seen) == 2
+    resumed = Trainer(load_config(None, overrides), tmp_path / "c", resume=True)
+    try:
+        assert resumed.curriculum.state_dict() == state
+        drawn = {t.id for t in resumed.draw_tasks(18)}
+        assert not seen & drawn  # retired tasks are not drawn again
+    finally:
+        resumed.close()

@@ -62,7 +62,12 @@ or from nothing (a single environment)."""
 
 
 def _per_task(make_env: EnvFactory) -> Callable[[Task], Env]:
-    if len(inspect.signature(make_env).parameters) == 0:
+    """A factory that takes the task: one with a positional parameter gets it, one without
+    (a lambda, or `functools.partial(make_env, id)` with only **kwargs) is called bare."""
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)  # fmt: skip
+    params = inspect.signature(make_env).parameters.values()
+    if not any(p.kind in positional for p in params):
         return lambda _task: make_env()  # type: ignore[call-arg]
     return make_env  # type: ignore[return-value]
 

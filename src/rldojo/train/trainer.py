@@ -111,6 +111,7 @@ class Trainer:
         )
         self.grader = self.envs.grader()
         self.test_tasks = self.envs.test_tasks
+        self.curriculum = self._curriculum() if cfg.curriculum.enabled else None
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
         self.model.train()
@@ -141,6 +142,8 @@ class Trainer:
             state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
             self.step_num, self.evals = state["step"], state.get("evals", {})
             self.envs.load_state_dict(state["tasks"])
+            if self.curriculum is not None and "curriculum" in state:
+                self.curriculum.load_state_dict(state["curriculum"])
             self.policy_updates = state.get("policy_version", self.step_num)
             self.policy.version = self.policy_updates
         (run_dir / "config.toml").write_text(dump_config(cfg))
@@ -181,6 +184,8 @@ class Trainer:
             "time/tokens_per_s_generate": n_tokens / max(timing["time/generate"], 1e-9)
         }
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        if self.curriculum is not None:
+            metrics |= self.curriculum.metrics()
         self.ledger.add_step(self.step_num, metrics)
         return metrics
 
@@ -216,6 +221,9 @@ class Trainer:
         while True:
             need = ro.prompts_per_step - sum(g.informative for g in groups)
             new = await self._roll_groups(self.draw_tasks(need), rounds, timing)
+            if self.curriculum is not None:
+                for g in new:
+                    self.curriculum.observe(g.task.id, g.rewards)
             groups += new
             rollouts += [r for g in new for r in g.rollouts]
             scores += [s for g in new for s in g.scores]
@@ -412,8 +420,23 @@ class Trainer:
         return nullcontext()
 
     def draw_tasks(self, n: int) -> list[Task]:
-        """The next `n` training tasks (by environment weight; seeded, resumable order)."""
-        return self.envs.draw(n)
+        """The next `n` training tasks (by environment weight; seeded, resumable order),
+        thinned by the curriculum's weights when it is on."""
+        if self.curriculum is None:
+            return self.envs.draw(n)
+        rng = random.Random(f"{self.config.run.seed}:curriculum:{self.envs.draws}")
+        return self.curriculum.draw(self.envs.draw, n, rng)
+
+    def _curriculum(self) -> Any:
+        from rldojo.data.curriculum import Curriculum, CurriculumConfig
+
+        c = self.config.curriculum
+        tasks = [t for slot in self.envs.slots.values() for t in slot.train_tasks]
+        knobs = CurriculumConfig(
+            window=c.window, mode=c.mode, saturated_weight=c.saturated_weight,
+            pass_threshold=c.pass_threshold,
+        )  # fmt: skip
+        return Curriculum(tasks, knobs)
 
     def evaluate(self, label: str) -> EvalResult:
         """Greedy accuracy on the held-out tasks; stored under `label` in the run state."""
@@ -449,6 +472,7 @@ class Trainer:
             step=self.step_num,
             state={
                 "tasks": self.envs.state_dict(),
+                "curriculum": None if self.curriculum is None else self.curriculum.state_dict(),
                 "evals": self.evals,
                 "policy_version": self.policy_updates,
             },
