@@ -98,7 +98,7 @@ def _train_steps(
             metrics = trainer.step()
             logger.log(trainer.step_num, metrics)
             _write_samples(trainer.run_dir, trainer.step_num, trainer)
-            progress.console.print(_step_line(trainer.step_num, metrics))
+            progress.console.print(_step_line(trainer.step_num, metrics), soft_wrap=True)
             every = config.run.checkpoint_every
             if every and trainer.step_num % every == 0 and trainer.step_num < config.run.steps:
                 trainer.save()
@@ -112,7 +112,8 @@ def _report_eval(console: Console, label: str, result: Any) -> None:
     lo, hi = result.ci95
     console.print(
         f"held-out accuracy ({label}): [bold]{result.accuracy:.1%}[/] "
-        f"({result.n} tasks, greedy; 95% CI {lo:.1%}-{hi:.1%}); statuses {result.statuses}"
+        f"({result.n} tasks, greedy; 95% CI {lo:.1%}-{hi:.1%}); statuses {result.statuses}",
+        soft_wrap=True,
     )
 
 
