@@ -143,3 +143,23 @@ def test_lr_schedule():
     assert lr_lambda(5, warmup=0, total=10, schedule="linear") == pytest.approx(0.5)
     assert lr_lambda(10, warmup=0, total=10, schedule="cosine") == pytest.approx(0.0)
     assert lr_lambda(3, warmup=0, total=10, schedule="constant") == 1.0
+
+
+def test_kl_to_the_initial_model_is_computed_and_logged(tmp_path):
+    from rldojo.train.step_metrics import Group
+    from rldojo.types import Score
+
+    trainer = _trainer(tmp_path, "loss.kl_coef=0.1")
+    try:
+        groups, *_ = trainer._loop.run_until_complete(trainer.collect_groups())
+        forced = [
+            Group(g.task, g.rollouts, [Score(value=float(i)) for i in range(len(g.rollouts))],
+                  g.ledger_ids)
+            for g in groups
+        ]  # fmt: skip
+        first = trainer.train_on(forced)
+        second = trainer.train_on(forced)
+    finally:
+        trainer.close()
+    assert first["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # identical to the reference
+    assert second["loss/kl"] > 0.0  # one update later the policy has moved away

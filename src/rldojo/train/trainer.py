@@ -122,7 +122,11 @@ class Trainer:
         )  # fmt: skip
         self.pipeline: AsyncRollouts | None = None
         self.ray_pool = self._ray_pool(entries) if cfg.run.cluster == "ray" else None
-        self.ref_model = copy.deepcopy(self.model).eval() if cfg.loss.kl_coef > 0 else None
+        # The KL reference is the initial model, also after a resume from a checkpoint.
+        self.ref_model = None
+        if cfg.loss.kl_coef > 0:
+            base = load_model(cfg.model.name)[0] if checkpoint else copy.deepcopy(self.model)
+            self.ref_model = base.eval()
         # fused: one kernel per step instead of foreach's full-size temporaries (peak memory).
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
