@@ -70,7 +70,14 @@ def _export_smollm2(target: Path) -> None:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(target)  # atomic: a half-written export is never used
+    try:
+        tmp.rename(target)  # atomic: a half-written export is never used
+    except OSError:  # another process finished the same export first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").exists():
+            raise
 
 
 def smollm2_dir() -> Path:
