@@ -11,7 +11,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -120,15 +120,14 @@ def _doctor_rows() -> list[tuple[str, str, str]]:
 
 def _sandbox_row() -> tuple[str, str, str]:
     try:
-        from rldojo import sandbox
-
-        probe: Any = sandbox.probe()  # type: ignore[attr-defined]
-    except (ImportError, AttributeError):
-        return ("sandbox", "missing", "rldojo.sandbox not available")
-    except Exception as exc:
+        from rldojo.sandbox import probe
+    except ImportError as exc:  # the `sandbox` extra (pyseccomp) is not installed
+        return ("sandbox", "missing", str(exc))
+    try:
+        result = probe()
+    except Exception as exc:  # doctor reports a broken probe, it does not crash
         return ("sandbox", "error", str(exc))
-    ok = bool(getattr(probe, "strict", getattr(probe, "ok", False)))
-    return ("sandbox", "ok" if ok else "weak", str(getattr(probe, "summary", probe)))
+    return ("sandbox", "ok" if result.strict else "weak", result.summary)
 
 
 @app.command()
@@ -150,8 +149,6 @@ def _register_subsystem_commands() -> None:
     from rldojo.commands import COMMAND_MODULES
 
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(name) is None:
-            continue
         importlib.import_module(name).register(app)
 
 

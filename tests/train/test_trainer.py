@@ -163,3 +163,19 @@ def test_kl_to_the_initial_model_is_computed_and_logged(tmp_path):
         trainer.close()
     assert first["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # identical to the reference
     assert second["loss/kl"] > 0.0  # one update later the policy has moved away
+
+
+def test_trainer_entropy_source_matches_the_sampler(tmp_path):
+    from rldojo.train.batch import build_token_batch
+
+    trainer = _trainer(tmp_path, "model.generation_dtype=float32", "loss.entropy_source=trainer")
+    try:
+        groups, *_ = trainer._loop.run_until_complete(trainer.collect_groups())
+        rollouts = [r for g in groups for r in g.rollouts]
+        batch = build_token_batch(rollouts, trainer.tokenizer.pad_token_id)
+        recomputed = trainer._entropy(batch)  # [B, T]
+    finally:
+        trainer.close()
+    mask = batch.policy_mask
+    assert mask.any()
+    assert torch.allclose(recomputed[mask], batch.sampler_entropy[mask], atol=1e-3)

@@ -49,7 +49,7 @@ class RolloutWorker:
         self.policy = TransformersPolicy(model, tokenizer, generation_dtype=dtype)
         grader = None
         if grader_spec is not None:
-            from rldojo.graders import load  # type: ignore[attr-defined]
+            from rldojo.graders import load
 
             grader = load(grader_spec)
         self.envs = EnvMixture(env_entries, seed=0, train_n=1, test_n=0, grader=grader)

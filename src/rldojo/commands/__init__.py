@@ -1,8 +1,8 @@
 """CLI commands contributed by subsystems, each in its own module.
 
 A module here defines `register(app: typer.Typer) -> None` and adds its commands to the
-`rldojo` app. `rldojo.cli` calls `register` of every module named in `COMMAND_MODULES`
-that exists, so a subsystem adds a command without editing `cli.py`.
+`rldojo` app. `rldojo.cli` calls `register` of every module named in `COMMAND_MODULES`,
+so a subsystem adds a command without editing `cli.py`.
 """
 
 COMMAND_MODULES = (

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -78,7 +79,7 @@ class TransformersPolicy:
                 chunk = [list(p) for p in prompts[start : start + self.chunk_size]]
                 params = sampling
                 if sampling.seed is not None:
-                    params = SamplingParams(**{**sampling.__dict__, "seed": sampling.seed + start})
+                    params = replace(sampling, seed=sampling.seed + start)
                 batch = sample(self._gen_model, self.tokenizer, chunk, params, self.eos_ids)
                 rows = zip(
                     batch.token_ids,

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.store.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -88,28 +87,12 @@ class AsyncRollouts:
         tasks = t.draw_tasks(cfg.rollout.prompts_per_step)
         seed = cfg.run.seed * 1_000_003 + self.batches * 101 + 7
         self.batches += 1
-        requests = [
-            (task, g, seed + i)
-            for i, task in enumerate(tasks)
-            for g in range(cfg.rollout.group_size)
-        ]
-        self._set_activity(f"generating {len(requests)} samples for {[x.id for x in tasks]}")
-        t0 = time.perf_counter()
-        rollouts = await collect_rollouts(
-            t.make_env, t.policy, requests, t.sampling(seed),
-            env_timeout_s=cfg.rollout.env_timeout_s, max_turns=cfg.rollout.max_turns,
-                max_episode_tokens=cfg.rollout.max_episode_tokens,
-        )  # fmt: skip
-        t1 = time.perf_counter()
-        self._set_activity(f"grading {len(rollouts)} samples with {t.grader.name}")
-        scores = await grade_rollouts(
-            t.grader, rollouts, [r[0] for r in requests],
-            timeout_s=cfg.rollout.grade_timeout_s, concurrency=cfg.rollout.grade_concurrency,
-        )  # fmt: skip
-        t2 = time.perf_counter()
+        timing: dict[str, float] = {}
+        rollouts, scores = await t.generate_and_grade(
+            t.requests(tasks, seed), seed, timing, announce=self._set_activity
+        )
         version = min((r.policy_version for r in rollouts), default=t.policy.version)
         ids = ledger.add(t.step_num, rollouts, scores, round=100 + self.batches)
-        timing = {"time/generate": t1 - t0, "time/grade": t2 - t1}
         return _Batch(t._groups(tasks, rollouts, scores, ids), version, timing)
 
     # ------------------------------------------------------------------ consumer

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rldojo.config import RolloutConfig
+from rldojo.eval.harness import passed
 from rldojo.types import Rollout, Score, Task
 
 
@@ -47,12 +48,6 @@ class Group:
         return not self.require_variance or max(rewards) > min(rewards)
 
 
-def _pass(score: Score) -> bool:
-    if "correct" in score.components:
-        return score.components["correct"] >= 1.0
-    return (score.value or 0.0) >= 1.0
-
-
 def rollout_metrics(
     rollouts: Sequence[Rollout],
     scores: Sequence[Score],
@@ -65,7 +60,7 @@ def rollout_metrics(
     out: dict[str, Any] = {
         "reward/mean": float(values.mean()) if len(values) else 0.0,
         "reward/std": float(values.std(unbiased=False)) if len(values) else 0.0,
-        "reward/pass_rate": sum(_pass(s) for s in ok) / max(len(ok), 1),
+        "reward/pass_rate": sum(passed(s) for s in ok) / max(len(ok), 1),
         "rollout/samples": len(rollouts),
         "rollout/completion_len": sum(sum(r.policy_mask) for r in rollouts) / max(len(rollouts), 1),
         "rollout/truncated_frac": sum(bool(r.info.get("truncated_turns")) for r in rollouts)
@@ -86,7 +81,7 @@ def rollout_metrics(
             by_env.setdefault(r.env or "env", []).append(s)
     for env, env_scores in by_env.items():
         out[f"reward/{env}/mean"] = sum(float(s.value or 0.0) for s in env_scores) / len(env_scores)
-        out[f"reward/{env}/pass_rate"] = sum(_pass(s) for s in env_scores) / len(env_scores)
+        out[f"reward/{env}/pass_rate"] = sum(passed(s) for s in env_scores) / len(env_scores)
     out |= info_metrics(rollouts)
     components: dict[str, list[float]] = {}
     for s in ok:

@@ -21,7 +21,7 @@ import math
 import random
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) 
 
 
 def _load_grader(spec: Any) -> Any:
-    from rldojo.graders import load  # type: ignore[attr-defined]
+    from rldojo.graders import load
 
     return load(spec)
 
@@ -236,13 +236,46 @@ class Trainer:
                 return groups, rollouts, scores, timing, rounds
             rounds += 1
 
+    def requests(self, tasks: Sequence[Task], seed: int) -> list[tuple[Task, int, int]]:
+        """G `(task, sample_index, seed)` requests per task, task i seeded `seed + i`."""
+        g = self.config.rollout.group_size
+        return [(t, k, seed + i) for i, t in enumerate(tasks) for k in range(g)]
+
+    async def generate_and_grade(
+        self,
+        requests: list[tuple[Task, int, int]],
+        seed: int,
+        timing: dict,
+        announce: Callable[[str], None] | None = None,
+    ) -> tuple[list[Rollout], list[Score]]:
+        """Roll out `requests` with the local policy, then grade them; phase times are
+        added to `timing`, and `announce` hears what is being waited on."""
+        ro = self.config.rollout
+        if announce is not None:
+            announce(
+                f"generating {len(requests)} samples for {sorted({t.id for t, _, _ in requests})}"
+            )
+        t0 = time.perf_counter()
+        rollouts = await collect_rollouts(
+            self.make_env, self.policy, requests, self.sampling(seed),
+            env_timeout_s=ro.env_timeout_s, max_turns=ro.max_turns,
+            max_episode_tokens=ro.max_episode_tokens,
+        )  # fmt: skip
+        t1 = time.perf_counter()
+        if announce is not None:
+            announce(f"grading {len(rollouts)} samples with {self.grader.name}")
+        scores = await grade_rollouts(
+            self.grader, rollouts, [t for t, _, _ in requests],
+            timeout_s=ro.grade_timeout_s, concurrency=ro.grade_concurrency,
+        )  # fmt: skip
+        timing["time/generate"] = timing.get("time/generate", 0.0) + t1 - t0
+        timing["time/grade"] = timing.get("time/grade", 0.0) + time.perf_counter() - t1
+        return rollouts, scores
+
     async def _roll_groups(self, tasks: list[Task], rnd: int, timing: dict) -> list[Group]:
         cfg = self.config
         seed = cfg.run.seed * 1_000_003 + self.step_num * 101 + rnd
-        requests = [
-            (t, g, seed + i) for i, t in enumerate(tasks) for g in range(cfg.rollout.group_size)
-        ]
-        t0 = time.perf_counter()
+        requests = self.requests(tasks, seed)
         committed = self.ledger.find_round(self.step_num, rnd)
         if len(committed) == len(requests):  # graded before a crash: reuse, don't redo
             ids = [i for i, _, _ in committed]
@@ -251,24 +284,14 @@ class Trainer:
             timing["rollout/reused"] = timing.get("rollout/reused", 0) + len(ids)
             return self._groups(tasks, rollouts, scores, ids)
         if self.ray_pool is not None:  # generation, envs and grading on Ray actors
+            t0 = time.perf_counter()
             self.ray_pool.publish(self.model, self.policy_updates)
             rollouts, scores = self.ray_pool.run(
                 requests, self.sampling(seed), cfg.rollout.group_size
             )
             timing["time/generate"] += time.perf_counter() - t0
         else:
-            rollouts = await collect_rollouts(
-                self.make_env, self.policy, requests, self.sampling(seed),
-                env_timeout_s=cfg.rollout.env_timeout_s, max_turns=cfg.rollout.max_turns,
-                max_episode_tokens=cfg.rollout.max_episode_tokens,
-            )  # fmt: skip
-            t1 = time.perf_counter()
-            scores = await grade_rollouts(
-                self.grader, rollouts, [t for t, _, _ in requests],
-                timeout_s=cfg.rollout.grade_timeout_s, concurrency=cfg.rollout.grade_concurrency,
-            )  # fmt: skip
-            timing["time/generate"] += t1 - t0
-            timing["time/grade"] += time.perf_counter() - t1
+            rollouts, scores = await self.generate_and_grade(requests, seed, timing)
         ids = self.ledger.add(self.step_num, rollouts, scores, round=rnd)  # durable first
         return self._groups(tasks, rollouts, scores, ids)
 
@@ -397,7 +420,7 @@ class Trainer:
             mb = batch.rows(slice(start, start + self.config.optim.micro_batch_size))
             with self._autocast():
                 logits = completion_logits(self.model, mb)  # [M, T', V]
-            ent = losses.token_entropy(logits, temperature)  # [M, T']
+            _, ent = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T']
             rows.append(
                 torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1]))
             )
