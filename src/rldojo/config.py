@@ -83,6 +83,12 @@ class RolloutConfig(_Section):
     grade_timeout_s: float = Field(30.0, gt=0)
     """Per-rollout grading timeout; past it the score is `timeout` and not trained on."""
     grade_concurrency: int = Field(8, gt=0)
+    env_workers: int = Field(0, ge=0)
+    """Environment worker processes (0: environments run in the trainer's event loop).
+    With N > 0 an environment that blocks, crashes or leaks costs a worker, not the run:
+    a call past `env_timeout_s` kills its worker, and episodes on a dead worker replay."""
+    env_retries: int = Field(2, ge=0)
+    """Replays of an episode whose env worker died (infrastructure), with backoff."""
     workers: int = Field(1, gt=0)
     """Rollout workers (Ray actors) when `run.cluster = "ray"`."""
     worker_timeout_s: float = Field(600.0, gt=0)

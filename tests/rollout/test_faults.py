@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import pytest
@@ -52,6 +53,10 @@ class FaultEnv(SingleTurnEnv):
                 raise RuntimeError("environment crashed")
             if self.mode == "hang":
                 await asyncio.sleep(3600)
+            if self.mode == "block":  # synchronous: needs env worker processes
+                time.sleep(3600)
+            if self.mode == "exit":  # the worker process dies, every time
+                os._exit(1)
         return await super().reset(task, seed=seed)
 
     def default_grader(self):
@@ -70,6 +75,10 @@ class FaultGrader:
                 raise ValueError("grader bug")
             if self.mode == "hang":
                 await asyncio.sleep(3600)
+            if self.mode == "block":  # synchronous: needs env worker processes
+                time.sleep(3600)
+            if self.mode == "exit":  # the worker process dies, every time
+                os._exit(1)
         return Score(value=float(len(rollout.completion) % 2))
 
 
@@ -92,18 +101,24 @@ def _steps(tmp_path, name):
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "key", "count"),
+    ("kwargs", "key", "count", "workers"),
     [
-        ({"mode": "crash"}, "rollout/status_env_error", 2),
-        ({"mode": "hang"}, "rollout/status_timeout", 2),
-        ({"mode": "ok", "grader_mode": "raise"}, "grade/status_error", 2),
-        ({"mode": "ok", "grader_mode": "hang"}, "grade/status_timeout", 2),
+        ({"mode": "crash"}, "rollout/status_env_error", 2, 0),
+        ({"mode": "hang"}, "rollout/status_timeout", 2, 0),
+        ({"mode": "ok", "grader_mode": "raise"}, "grade/status_error", 2, 0),
+        ({"mode": "ok", "grader_mode": "hang"}, "grade/status_timeout", 2, 0),
+        # the same run with environments in worker processes, plus what only they survive
+        ({"mode": "crash"}, "rollout/status_env_error", 2, 2),
+        ({"mode": "hang"}, "rollout/status_timeout", 2, 2),
+        ({"mode": "block"}, "rollout/status_timeout", 2, 2),
+        ({"mode": "exit"}, "rollout/status_env_error", 2, 2),
     ],
 )
-def test_failures_are_counted_and_excluded(tmp_path, kwargs, key, count):
+def test_failures_are_counted_and_excluded(tmp_path, kwargs, key, count, workers):
     kv = ", ".join(f'{k} = "{v}"' for k, v in kwargs.items())
     started = time.monotonic()
-    summary = run_training(_config(tmp_path, "f", f"env.kwargs={{{kv}}}"))
+    extra = [f"rollout.env_workers={workers}", "rollout.env_retries=1"]
+    summary = run_training(_config(tmp_path, "f", f"env.kwargs={{{kv}}}", *extra))
     assert time.monotonic() - started < 60  # timeouts fire; nothing waits for an hour
     (step,) = _steps(tmp_path, "f")
     assert step[key] == count  # one group of G=2 per failing task (task 0 of 4)
@@ -111,6 +126,8 @@ def test_failures_are_counted_and_excluded(tmp_path, kwargs, key, count):
     assert summary["rollouts_trained"] <= 8 - count  # failed samples never trained on
     bad = {k: v for k, v in summary["statuses"].items() if k != "ok/ok"}
     assert sum(bad.values()) == count
+    if kwargs["mode"] in ("block", "exit"):  # the worker was killed or died, and replaced
+        assert step["env_workers/replaced"] >= 1
 
 
 class BrokenPolicy:

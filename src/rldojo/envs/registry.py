@@ -22,7 +22,15 @@ from typing import Any
 
 from rldojo.envs.base import Env
 
-__all__ = ["BUILTIN_MODULES", "UnknownEnvError", "list_envs", "make_env", "register"]
+__all__ = [
+    "BUILTIN_MODULES",
+    "UnknownEnvError",
+    "build_env",
+    "list_envs",
+    "make_env",
+    "register",
+    "resolve_factory",
+]
 
 BUILTIN_MODULES: tuple[str, ...] = (
     "rldojo.envs.arith",
@@ -138,20 +146,21 @@ def _resolve_path(env_id: str) -> Callable[..., Env]:
     return target  # type: ignore[no-any-return]
 
 
-def make_env(env_id: str, **kwargs: Any) -> Env:
-    """Build the environment registered as `env_id`, passing `kwargs` to its factory.
+def resolve_factory(env_id: str) -> Callable[..., Env]:
+    """The factory behind `env_id` (registered, or ``"pkg.module:factory"``), uncalled.
 
-    `env_id` may also be ``"pkg.module:factory"``: the module is imported and the
-    factory called with `kwargs`. Raises `UnknownEnvError` (a KeyError) for an unknown
-    id, and TypeError when the factory returns something that is not an `Env`.
+    Env worker processes receive this (pickled) with the kwargs and build the env there.
     """
     if ":" in env_id:
-        factory = _resolve_path(env_id)
-    else:
-        _load_builtins()
-        if env_id not in _factories:
-            raise _unknown(env_id)
-        factory = _factories[env_id]
+        return _resolve_path(env_id)
+    _load_builtins()
+    if env_id not in _factories:
+        raise _unknown(env_id)
+    return _factories[env_id]
+
+
+def build_env(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> Env:
+    """Call `factory(**kwargs)` and check that the result is an `Env` (TypeError if not)."""
     env = factory(**kwargs)
     if not isinstance(env, Env):
         missing = [
@@ -164,3 +173,13 @@ def make_env(env_id: str, **kwargs: Any) -> Env:
             f"(missing: {', '.join(missing)})"
         )
     return env
+
+
+def make_env(env_id: str, **kwargs: Any) -> Env:
+    """Build the environment registered as `env_id`, passing `kwargs` to its factory.
+
+    `env_id` may also be ``"pkg.module:factory"``: the module is imported and the
+    factory called with `kwargs`. Raises `UnknownEnvError` (a KeyError) for an unknown
+    id, and TypeError when the factory returns something that is not an `Env`.
+    """
+    return build_env(env_id, resolve_factory(env_id), kwargs)

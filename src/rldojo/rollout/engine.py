@@ -49,7 +49,9 @@ class _Episode:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-async def _with_timeout(coro: Any, timeout_s: float, what: str) -> Any:
+async def _with_timeout(coro: Any, timeout_s: float, what: str, env: Any = None) -> Any:
+    if getattr(env, "enforces_timeouts", False):  # e.g. a RemoteEnv: bounded calls already
+        return await coro
     try:
         return await asyncio.wait_for(coro, timeout_s)
     except TimeoutError:
@@ -84,7 +86,9 @@ async def _reset(
 ) -> None:
     try:
         ep.env = make_env(ep.task)
-        obs = await _with_timeout(ep.env.reset(ep.task, seed=ep.seed), timeout_s, "env.reset")
+        obs = await _with_timeout(
+            ep.env.reset(ep.task, seed=ep.seed), timeout_s, "env.reset", ep.env
+        )
         ep.messages = list(obs.messages)
         ep.tools = obs.info.get("tools") or None
         ep.prompt_ids = _encode(policy, ep.messages, ep.tools)
@@ -114,7 +118,7 @@ async def _env_turn(
 ) -> None:
     assert ep.env is not None
     try:
-        result = await _with_timeout(ep.env.step(ep.last_text), timeout_s, "env.step")
+        result = await _with_timeout(ep.env.step(ep.last_text), timeout_s, "env.step", ep.env)
     except Exception as exc:
         _fail(ep, "timeout" if isinstance(exc, TimeoutError) else "env_error", exc)
         return

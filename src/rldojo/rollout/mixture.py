@@ -83,9 +83,11 @@ class EnvMixture:
     def test_tasks(self) -> list[Task]:
         return [t for slot in self.slots.values() for t in slot.test_tasks]
 
+    def slot_for(self, task: Task) -> EnvSlot:
+        return self.slots.get(task.env) or next(iter(self.slots.values()))
+
     def make_env_for(self, task: Task) -> Env:
-        slot = self.slots.get(task.env) or next(iter(self.slots.values()))
-        return slot.make()
+        return self.slot_for(task).make()
 
     def factory(self) -> Callable[[Task], Env]:
         return self.make_env_for

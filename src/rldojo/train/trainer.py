@@ -34,6 +34,7 @@ from rldojo.eval.harness import EvalResult, evaluate
 from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.rollout.env_workers import EnvWorkerPool
 from rldojo.rollout.mixture import EnvMixture
 from rldojo.rollout.pipeline import AsyncRollouts
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
@@ -121,6 +122,13 @@ class Trainer:
             separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
         )  # fmt: skip
         self.pipeline: AsyncRollouts | None = None
+        self.env_pool: EnvWorkerPool | None = None
+        if cfg.rollout.env_workers > 0:  # environments in worker processes
+            self.env_pool = EnvWorkerPool(
+                cfg.rollout.env_workers,
+                timeout_s=cfg.rollout.env_timeout_s,
+                retries=cfg.rollout.env_retries,
+            )
         self.ray_pool = self._ray_pool(entries) if cfg.run.cluster == "ray" else None
         # The KL reference is the initial model, also after a resume from a checkpoint.
         self.ref_model = None
@@ -190,6 +198,8 @@ class Trainer:
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         if self.curriculum is not None:
             metrics |= self.curriculum.metrics()
+        if self.env_pool is not None:
+            metrics |= self.env_pool.metrics()
         self.ledger.add_step(self.step_num, metrics)
         return metrics
 
@@ -435,6 +445,9 @@ class Trainer:
     # ------------------------------------------------------------------ helpers
 
     def make_env(self, task: Task) -> Any:
+        if self.env_pool is not None:
+            slot = self.envs.slot_for(task)
+            return self.env_pool.make_env(slot.env_id, slot.kwargs)
         return self.envs.make_env_for(task)
 
     def sampling(self, seed: int | None = None) -> SamplingParams:
@@ -524,6 +537,8 @@ class Trainer:
             self.ray_pool.close()
         if self.pipeline is not None:
             self.pipeline.close()
+        if self.env_pool is not None:
+            self.env_pool.close()
         self.ledger.close()
         close = getattr(self.grader, "close", None)
         if close is not None:

@@ -1,0 +1,221 @@
+"""Environment worker processes: blocking, crashing and killed environments cost a worker,
+never the run; episodes on a dead worker replay and end as they would have."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rldojo.envs.registry import register
+from rldojo.rollout.engine import collect_rollouts
+from rldojo.rollout.env_workers import EnvWorkerPool
+from rldojo.types import Completion, Observation, SamplingParams, StepResult, Task
+
+
+class CountEnv:
+    """Three turns of counting; task `i` misbehaves at turn 2 when `i == bad`:
+    `block` sleeps synchronously, `raise` raises, `exit` kills its process (every time),
+    `exit_once` kills it the first time only (a marker file remembers), `slow` awaits."""
+
+    env_id = "count-v1"
+
+    def __init__(self, mode: str = "ok", bad: int = 1, marker: str = "", noisy: bool = False):
+        self.mode, self.bad, self.marker, self.noisy = mode, bad, marker, noisy
+        self.task: Task | None = None
+        self.turn = 0
+
+    def tasks(self, split="train", *, seed=0, n=None):
+        return [Task(id=f"c/{i}", prompt="", env="count-v1", info={"i": i}) for i in range(n or 6)]
+
+    async def reset(self, task, *, seed):
+        self.task, self.turn = task, 0
+        start = random.random() if self.noisy else seed % 10
+        return Observation([{"role": "user", "content": f"count from {start}"}])
+
+    async def step(self, action):
+        assert self.task is not None
+        self.turn += 1
+        if self.task.info["i"] == self.bad and self.turn == 2:
+            self._misbehave()
+            if self.mode == "slow":
+                await asyncio.sleep(0.6)
+        reply = {"role": "user", "content": f"turn {self.turn} got {action} (pid-free)"}
+        return StepResult([reply], done=self.turn >= 3, info={"turns": self.turn})
+
+    def _misbehave(self) -> None:
+        if self.mode == "block":
+            time.sleep(3600)  # synchronous: an in-process env would stall the event loop
+        if self.mode == "raise":
+            raise RuntimeError("boom")
+        if self.mode == "exit" or (self.mode == "exit_once" and not Path(self.marker).exists()):
+            Path(self.marker or os.devnull).touch() if self.marker else None
+            os._exit(3)
+
+    async def close(self):
+        pass
+
+    def default_grader(self):
+        raise NotImplementedError
+
+
+register("count-v1", CountEnv, overwrite=True)
+
+
+class WordPolicy:
+    """Says `w{turn}` each turn; encodes each message as one token."""
+
+    version = 0
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def encode_chat(self, messages):
+        return [len(m["content"]) for m in messages]
+
+    def generate(self, prompts, sampling):
+        self.turn += 1
+        text = f"w{self.turn}"
+        return [Completion(text, (7,), (-0.5,), "stop", (1.0,)) for _ in prompts]
+
+
+def _run(make_env, n=4, timeout_s=5.0):
+    tasks = CountEnv().tasks(n=n)
+    return asyncio.run(
+        collect_rollouts(
+            make_env, WordPolicy(), [(t, 0, 100 + i) for i, t in enumerate(tasks)],
+            SamplingParams(max_new_tokens=4), env_timeout_s=timeout_s,
+        )
+    )  # fmt: skip
+
+
+@pytest.fixture
+def pool():
+    p = EnvWorkerPool(2, timeout_s=1.0, retries=2, backoff_s=0.05)
+    yield p
+    p.close()
+
+
+def _remote(pool, **kwargs):
+    return lambda task: pool.make_env("count-v1", kwargs)
+
+
+def test_remote_episodes_equal_in_process_ones(pool):
+    local = _run(lambda task: CountEnv())
+    remote = _run(_remote(pool))
+    assert [r.status for r in remote] == ["ok"] * 4, [r.error for r in remote]
+    assert [r.messages for r in remote] == [r.messages for r in local]
+    assert [r.completion_ids for r in remote] == [r.completion_ids for r in local]
+    assert pool.metrics() == {"env_workers/replaced": 0, "env_workers/replays": 0}
+
+
+def test_synchronously_blocking_env_times_out_and_others_finish(pool):
+    started = time.monotonic()
+    rollouts = _run(_remote(pool, mode="block", bad=1), timeout_s=1.0)
+    assert time.monotonic() - started < 15  # the stuck call did not stall the loop
+    assert [r.status for r in rollouts] == ["ok", "timeout", "ok", "ok"]
+    assert "env.step took longer than 1s" in rollouts[1].error
+    # the stuck worker was killed; episodes that shared it replayed on a fresh one
+    assert pool.metrics()["env_workers/replaced"] >= 1
+    replayed = [r for r in rollouts if r.info.get("env/replays")]
+    assert replayed and all(r.status == "ok" for r in replayed)
+    assert all(len(r.messages) == 6 for i, r in enumerate(rollouts) if i != 1)
+
+
+def test_env_exception_is_env_error(pool):
+    rollouts = _run(_remote(pool, mode="raise", bad=2))
+    assert [r.status for r in rollouts] == ["ok", "ok", "env_error", "ok"]
+    assert "EnvCallError: RuntimeError: boom" in rollouts[2].error
+    assert pool.metrics()["env_workers/replaced"] == 0  # an exception is not a dead worker
+
+
+def test_worker_that_dies_once_is_replayed_to_the_same_result(pool, tmp_path):
+    marker = str(tmp_path / "died")
+    local = _run(lambda task: CountEnv())
+    rollouts = _run(_remote(pool, mode="exit_once", bad=0, marker=marker))
+    assert Path(marker).exists()  # the worker really exited
+    assert [r.status for r in rollouts] == ["ok"] * 4
+    assert [r.messages for r in rollouts] == [r.messages for r in local]
+    assert rollouts[0].info["env/replays"] == 1
+    assert pool.metrics()["env_workers/replays"] >= 1
+
+
+def test_env_that_always_kills_its_worker_fails_after_retries(pool):
+    rollouts = _run(_remote(pool, mode="exit", bad=0))
+    assert rollouts[0].status == "env_error"
+    assert "WorkerDied" in rollouts[0].error and "replays)" in rollouts[0].error
+    assert [r.status for r in rollouts[1:]] == ["ok"] * 3
+
+
+def test_nondeterministic_env_is_not_replayed_silently(pool, tmp_path):
+    marker = str(tmp_path / "died")
+    rollouts = _run(_remote(pool, mode="exit_once", bad=0, marker=marker, noisy=True))
+    assert rollouts[0].status == "env_error"
+    assert "not deterministic" in rollouts[0].error
+
+
+def test_worker_killed_from_outside_mid_rollout(pool):
+    """`kill -9` of a worker process while its episodes wait: they replay elsewhere."""
+    local = _run(lambda task: CountEnv())
+    pids: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            slots = [w for w in pool._slots if w is not None]
+            if slots:
+                time.sleep(0.3)  # inside the slow turn
+                pids.append(slots[0].process.pid)
+                os.kill(pids[0], signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    rollouts = _run(_remote(pool, mode="slow", bad=0))
+    thread.join()
+    assert pids, "the worker was never started"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)  # host-side: that process is gone
+    assert [r.status for r in rollouts] == ["ok"] * 4
+    assert [r.messages for r in rollouts] == [r.messages for r in local]
+    assert pool.metrics()["env_workers/replays"] >= 1
+
+
+def test_workers_die_with_the_trainer(tmp_path):
+    """`kill -9` of the trainer leaves no worker behind, even one stuck in blocking code."""
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import asyncio, sys\n"
+        "from rldojo.rollout.env_workers import EnvWorkerPool\n"
+        "from rldojo.types import Task\n"
+        "pool = EnvWorkerPool(1, timeout_s=600)\n"
+        "env = pool.make_env('arith-v1', {})\n"
+        "task = Task(id='t', prompt='1+1', answer='2', env='arith-v1')\n"
+        "asyncio.run(env.reset(task, seed=0))\n"
+        "print(pool._slots[0].process.pid, flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pid = int(proc.stdout.readline())
+    os.kill(pid, 0)  # the worker is up
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie (this process may be a subreaper: sandbox tests set it)
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                os.waitpid(pid, os.WNOHANG)
+                return
+        except (FileNotFoundError, ChildProcessError):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"env worker {pid} outlived its trainer")
