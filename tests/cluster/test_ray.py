@@ -54,3 +54,22 @@ def test_dead_worker_is_replaced_and_work_redispatched(tmp_path):
     assert pool.replaced >= 1
     assert metrics["rollout/samples"] == 4
     assert statuses == {"ok/ok": 4}  # the lost share was re-run, nothing failed or missing
+
+
+def test_async_pipeline_generates_on_ray_actors(tmp_path):
+    """Lag 1 with Ray: the producer thread sends rounds to the actors; the trainer
+    publishes each new version after its optimizer step, and the actors generate with it."""
+    overrides = [*OVERRIDES, "rollout.max_policy_lag=1", f"run.output_dir={tmp_path}"]
+    trainer = Trainer(load_config(None, overrides), tmp_path / "a")
+    try:
+        worker_pids = set(trainer.ray_pool.pids())
+        metrics = [trainer.step() for _ in range(3)]
+        rows = [r for _, r, _ in trainer.ledger.find_round(0, 101)]  # the producer's first
+        published = trainer.ray_pool._published[0]
+    finally:
+        trainer.close()
+    assert all(m["rollout/samples"] == 4 for m in metrics)
+    assert all(m["rollout/policy_lag"] <= 1 for m in metrics)
+    assert published == 3  # one snapshot per optimizer step
+    pids = {r.info["worker_pid"] for r in rows}
+    assert pids and pids <= worker_pids and os.getpid() not in pids

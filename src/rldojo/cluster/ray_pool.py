@@ -123,30 +123,31 @@ class RayRolloutPool:
         self.actors = [self._cls.remote(*actor_args) for _ in range(workers)]
         self.timeout_s, self.retries = timeout_s, retries
         self.replaced = 0
-        self._weights_ref: Any = None
-        self._version = -1
+        self._published: tuple[int, Any] = (-1, None)  # (version, weights ref), swapped whole
 
     def publish(self, model: Any, version: int) -> None:
-        """Put the current weights (bf16) in the object store for the workers to fetch."""
-        if version != self._version:
+        """Put the current weights (bf16) in the object store for the workers to fetch.
+        Call it from the thread that steps the optimizer (after the step): a background
+        rollout thread then only reads whole, consistent snapshots."""
+        if version != self._published[0]:
             state = {
                 k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()
             }
-            self._weights_ref = self._ray.put(state)
-            self._version = version
+            self._published = (version, self._ray.put(state))
 
     def run(
         self, requests: Sequence[tuple[Task, int, int]], sampling: SamplingParams, group_size: int
     ) -> tuple[list[Rollout], list[Score]]:
-        """Graded rollouts for `requests` (in order), spread over the workers by group."""
+        """Graded rollouts for `requests` (in order), spread over the workers by group; all
+        shares are in flight at once."""
         groups = [list(requests[i : i + group_size]) for i in range(0, len(requests), group_size)]
-        shares: list[list[list[tuple[Task, int, int]]]] = [[] for _ in self.actors]
+        shares: list[list[tuple[Task, int, int]]] = [[] for _ in self.actors]
         for i, group in enumerate(groups):
-            shares[i % len(self.actors)].append(group)
-        results: dict[int, tuple[list[Rollout], list[Score]]] = {}
-        for w, share in enumerate(shares):
-            if share:
-                results[w] = self._run_share(w, [r for g in share for r in g], sampling)
+            shares[i % len(self.actors)] += group
+        published = self._published
+        refs = {w: self._send(w, sh, sampling, published) for w, sh in enumerate(shares) if sh}
+        results = {w: self._receive(w, shares[w], sampling, published, ref)
+                   for w, ref in refs.items()}  # fmt: skip
         rollouts: list[Rollout] = []
         scores: list[Score] = []
         cursors = dict.fromkeys(results, 0)
@@ -158,11 +159,20 @@ class RayRolloutPool:
             cursors[w] = start + len(group)
         return rollouts, scores
 
-    def _run_share(
-        self, w: int, share: list[tuple[Task, int, int]], sampling: SamplingParams
+    def _send(
+        self, w: int, share: list, sampling: SamplingParams, published: tuple[int, Any]
+    ) -> Any:
+        return self.actors[w].run.remote(share, sampling, *published)
+
+    def _receive(
+        self,
+        w: int,
+        share: list[tuple[Task, int, int]],
+        sampling: SamplingParams,
+        published: tuple[int, Any],
+        ref: Any,
     ) -> tuple[list[Rollout], list[Score]]:
         for attempt in range(self.retries + 1):
-            ref = self.actors[w].run.remote(share, sampling, self._version, self._weights_ref)
             try:
                 return tuple(self._ray.get(ref, timeout=self.timeout_s))  # type: ignore[return-value]
             except Exception as exc:  # actor died, timed out, or raised: replace and retry
@@ -171,6 +181,8 @@ class RayRolloutPool:
                 self.actors[w] = self._cls.remote(*self._args)
                 self.replaced += 1
                 error = f"{type(exc).__name__}: {exc}"
+                if attempt < self.retries:
+                    ref = self._send(w, share, sampling, published)
         failed = [
             Rollout(t.id, t.env, [], "", status="policy_error", sample_index=i, seed=s,
                     error=f"ray worker failed {self.retries + 1} times: {error}")

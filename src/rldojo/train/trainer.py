@@ -162,6 +162,8 @@ class Trainer:
         self.ledger = Ledger(run_dir / "ledger.sqlite")
         if resume:
             self.ledger.rollback(self.step_num)  # training after the checkpoint was lost
+        if self.ray_pool is not None:
+            self.ray_pool.publish(self.model, self.policy_updates)
         # One event loop for the trainer's life: grader worker pools bind to it.
         self._loop = asyncio.new_event_loop()
 
@@ -266,6 +268,11 @@ class Trainer:
                 f"generating {len(requests)} samples for {sorted({t.id for t, _, _ in requests})}"
             )
         t0 = time.perf_counter()
+        if self.ray_pool is not None:  # generation, envs and grading on Ray actors
+            rollouts, scores = self.ray_pool.run(requests, self.sampling(seed), ro.group_size)
+            timing["time/generate"] = timing.get("time/generate", 0.0) + time.perf_counter() - t0
+            timing.setdefault("time/grade", 0.0)  # graded on the actors, inside generate
+            return rollouts, scores
         rollouts = await collect_rollouts(
             self.make_env, self.policy, requests, self.sampling(seed),
             env_timeout_s=ro.env_timeout_s, max_turns=ro.max_turns,
@@ -293,15 +300,7 @@ class Trainer:
             scores = [s for _, _, s in committed]
             timing["rollout/reused"] = timing.get("rollout/reused", 0) + len(ids)
             return self._groups(tasks, rollouts, scores, ids)
-        if self.ray_pool is not None:  # generation, envs and grading on Ray actors
-            t0 = time.perf_counter()
-            self.ray_pool.publish(self.model, self.policy_updates)
-            rollouts, scores = self.ray_pool.run(
-                requests, self.sampling(seed), cfg.rollout.group_size
-            )
-            timing["time/generate"] += time.perf_counter() - t0
-        else:
-            rollouts, scores = await self.generate_and_grade(requests, seed, timing)
+        rollouts, scores = await self.generate_and_grade(requests, seed, timing)
         ids = self.ledger.add(self.step_num, rollouts, scores, round=rnd)  # durable first
         return self._groups(tasks, rollouts, scores, ids)
 
@@ -343,6 +342,8 @@ class Trainer:
         metrics = self._optimize(batch, token_adv, selected, num_tokens)
         self.policy.update_weights()
         self.policy_updates += 1
+        if self.ray_pool is not None:  # here, not in a rollout thread: the optimizer is idle
+            self.ray_pool.publish(self.model, self.policy_updates)
         metrics |= {
             f"entropy/{k}": v for k, v in losses.entropy_stats(entropy, batch.policy_mask).items()
         }
