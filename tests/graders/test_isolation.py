@@ -161,6 +161,24 @@ def test_pool_runs_calls_in_parallel_and_across_event_loops() -> None:
         assert asyncio.run(many()) == list(range(7))
 
 
+def test_pool_is_shared_by_event_loops_in_two_threads() -> None:
+    """The async trainer grades in its rollout thread while an evaluation grades in the
+    main thread, through one pool: workers are handed across loops, none lost."""
+    with IsolatedPool(1) as pool:
+        results: dict[str, list[int]] = {}
+
+        async def many(tag: str, base: int) -> None:
+            calls = (pool.call(operator.add, base, i, timeout_s=30) for i in range(12))
+            results[tag] = list(await asyncio.gather(*calls))
+
+        thread = threading.Thread(target=lambda: asyncio.run(many("thread", 100)))
+        thread.start()
+        asyncio.run(many("main", 0))
+        thread.join(timeout=60)
+        assert results == {"main": list(range(12)), "thread": list(range(100, 112))}
+        assert len(pool.pids) == 1  # one worker, passed back and forth
+
+
 def test_pool_survives_timeouts_under_concurrency() -> None:
     with IsolatedPool(2) as pool:
 

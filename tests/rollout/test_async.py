@@ -85,3 +85,21 @@ def test_producer_failure_is_raised_not_hung(tmp_path, monkeypatch):
             trainer.step()
     finally:
         trainer.close()
+
+
+def test_evaluations_during_async_training_share_the_grader_pool(tmp_path):
+    """`eval.every` with lag 1: the main thread evaluates while the rollout thread grades,
+    both through arith's math-verify worker pool; neither hangs nor errors."""
+    from rldojo.train.loop import run_training
+
+    cfg = load_config(None, [
+        "model.name=tiny-random", "model.autocast_bf16=false", "env.id=arith-v1",
+        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.dynamic_sampling=false",
+        "rollout.max_policy_lag=1", "sampling.max_new_tokens=6", "eval.tasks=6", "eval.every=1",
+        "run.steps=3", f"run.output_dir={tmp_path}", "run.name=ev",
+    ])  # fmt: skip
+    summary = run_training(cfg)
+    assert summary["statuses"] == {"ok/ok": summary["rollouts"]}
+    evals = summary["evals"]
+    assert set(evals) == {"before", "step_1", "step_2", "step_3", "after"}
+    assert [e["statuses"] for e in evals.values()] == [{"ok": 6}] * 5

@@ -418,6 +418,7 @@ class IsolatedPool:
         self._idle: collections.deque[IsolatedWorker] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[IsolatedWorker]] = collections.deque()
         self._closed = False
+        self._lock = threading.RLock()
 
     @property
     def closed(self) -> bool:
@@ -451,15 +452,20 @@ class IsolatedPool:
         self._workers.append(worker)
         return worker
 
+    # One pool may serve several event loops in several threads (the trainer's loop and the
+    # async rollout producer's): state changes hold `_lock`, and a worker is handed to a
+    # waiter on the waiter's own loop (`call_soon_threadsafe`).
+
     async def _acquire(self) -> IsolatedWorker:
-        if self._closed:
-            raise RuntimeError("IsolatedPool is closed")
-        if self._idle:
-            return self._idle.popleft()
-        if len(self._workers) < self.size:
-            return self._new_worker()
-        waiter: asyncio.Future[IsolatedWorker] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("IsolatedPool is closed")
+            if self._idle:
+                return self._idle.popleft()
+            if len(self._workers) < self.size:
+                return self._new_worker()
+            waiter: asyncio.Future[IsolatedWorker] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
         try:
             return await waiter
         except asyncio.CancelledError:
@@ -468,29 +474,45 @@ class IsolatedPool:
             raise
 
     def _release(self, worker: IsolatedWorker) -> None:
-        if self._closed:
-            worker.close()
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_result(worker)
+        with self._lock:
+            if not self._closed:
+                while self._waiters:
+                    waiter = self._waiters.popleft()
+                    loop = waiter.get_loop()
+                    if not waiter.done() and not loop.is_closed():
+                        loop.call_soon_threadsafe(self._hand_over, waiter, worker)
+                        return
+                self._idle.append(worker)
                 return
-        self._idle.append(worker)
+        worker.close()
+
+    def _hand_over(self, waiter: asyncio.Future[IsolatedWorker], worker: IsolatedWorker) -> None:
+        if waiter.done():  # cancelled after it was chosen: give the worker to the next one
+            self._release(worker)
+        else:
+            waiter.set_result(worker)
 
     def close(self) -> None:
         """Stop every child; pending and later calls raise RuntimeError. Idempotent."""
-        self._closed = True
-        for worker in self._workers:
+        with self._lock:
+            self._closed = True
+            workers, waiters = list(self._workers), list(self._waiters)
+            self._idle.clear()
+            self._waiters.clear()
+        for worker in workers:
             worker.close()
-        self._idle.clear()
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done() and not waiter.get_loop().is_closed():
-                waiter.set_exception(RuntimeError("IsolatedPool is closed"))
+        for waiter in waiters:
+            loop = waiter.get_loop()
+            if not waiter.done() and not loop.is_closed():
+                loop.call_soon_threadsafe(_fail_waiter, waiter)
 
     def __enter__(self) -> IsolatedPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fail_waiter(waiter: asyncio.Future[IsolatedWorker]) -> None:
+    if not waiter.done():
+        waiter.set_exception(RuntimeError("IsolatedPool is closed"))
