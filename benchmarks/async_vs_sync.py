@@ -6,6 +6,11 @@ and compares wall time. Sampling at T = 1.0 with a generous `max_new_tokens` giv
 long-tailed completion-length distribution of RL rollouts (most samples stop early, a
 few run to the cap); the per-step length percentiles are recorded to show it.
 
+Part 1b runs lag 1 again with generation in a separate process (one Ray rollout worker
+with 1 torch thread) and the trainer on 1 thread: on a 2-core machine, in-process
+async generation and training fight for the same cores (torch threads are
+process-wide), so overlap only pays when generation has cores of its own.
+
 Part 2 measures graded rollouts per second through the Ray rollout pool with 1 and 2
 workers (same requests, same model).
 
@@ -23,6 +28,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,10 +51,10 @@ def _overrides(args: argparse.Namespace, out: str) -> list[str]:
     ]
 
 
-def train_wall_time(args: argparse.Namespace, lag: int) -> dict:
+def train_wall_time(args: argparse.Namespace, lag: int, *extra: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cfg = load_config(None, [*_overrides(args, out), f"rollout.max_policy_lag={lag}"])
-        trainer = Trainer(cfg, Path(out) / f"lag{lag}")
+        overrides = [*_overrides(args, out), f"rollout.max_policy_lag={lag}", *extra]
+        trainer = Trainer(load_config(None, overrides), Path(out) / f"lag{lag}")
         try:
             trainer.step()  # warm-up (grader pools, allocator), not timed
             started = time.perf_counter()
@@ -60,6 +66,7 @@ def train_wall_time(args: argparse.Namespace, lag: int) -> dict:
     q = statistics.quantiles(lengths, n=20)
     return {
         "max_policy_lag": lag,
+        "overrides": list(extra),
         "wall_s": wall,
         "trained_samples": sum(int(m.get("train/sequences", 0)) for m in steps),
         "step_s": [m["time/step"] for m in steps],
@@ -69,29 +76,38 @@ def train_wall_time(args: argparse.Namespace, lag: int) -> dict:
     }
 
 
-def rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
+def _with_ray(fn: Any, *args: Any) -> Any:
+    """`fn(*args)` with a local Ray instance up."""
     import ray
 
     ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
     try:
-        with tempfile.TemporaryDirectory() as out:
-            cfg = load_config(None, [*_overrides(args, out), "run.cluster=ray",
-                                     f"rollout.workers={workers}"])  # fmt: skip
-            trainer = Trainer(cfg, Path(out) / f"w{workers}")
-            try:
-                assert trainer.ray_pool is not None
-                trainer.ray_pool.pids()  # actors up and models loaded before timing
-                tasks = trainer.draw_tasks(args.prompts)
-                requests = [(t, g, i) for i, t in enumerate(tasks) for g in range(args.group)]
-                trainer.ray_pool.publish(trainer.model, 0)
-                trainer.ray_pool.run(requests[: args.group], trainer.sampling(0), args.group)
-                started = time.perf_counter()
-                rollouts, _ = trainer.ray_pool.run(requests, trainer.sampling(1), args.group)
-                wall = time.perf_counter() - started
-            finally:
-                trainer.close()
+        return fn(*args)
     finally:
         ray.shutdown()
+
+
+def rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
+    return _with_ray(_rollouts_per_second, args, workers)  # type: ignore[no-any-return]
+
+
+def _rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        cfg = load_config(None, [*_overrides(args, out), "run.cluster=ray",
+                                 f"rollout.workers={workers}"])  # fmt: skip
+        trainer = Trainer(cfg, Path(out) / f"w{workers}")
+        try:
+            assert trainer.ray_pool is not None
+            trainer.ray_pool.pids()  # actors up and models loaded before timing
+            tasks = trainer.draw_tasks(args.prompts)
+            requests = [(t, g, i) for i, t in enumerate(tasks) for g in range(args.group)]
+            trainer.ray_pool.publish(trainer.model, 0)
+            trainer.ray_pool.run(requests[: args.group], trainer.sampling(0), args.group)
+            started = time.perf_counter()
+            rollouts, _ = trainer.ray_pool.run(requests, trainer.sampling(1), args.group)
+            wall = time.perf_counter() - started
+        finally:
+            trainer.close()
     return {"workers": workers, "rollouts": len(rollouts), "wall_s": wall,
             "rollouts_per_s": len(rollouts) / wall}  # fmt: skip
 
@@ -107,6 +123,10 @@ def main() -> None:
     args = parser.parse_args()
     sync = train_wall_time(args, 0)
     async_ = train_wall_time(args, 1)
+    split = None
+    if not args.skip_workers:  # generation in its own process: one core each
+        split = _with_ray(train_wall_time, args, 1, "run.cluster=ray", "rollout.workers=1",
+                          "rollout.worker_threads=1", "run.threads=1")  # fmt: skip
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "torch": torch.__version__, "threads": torch.get_num_threads()},
@@ -116,6 +136,9 @@ def main() -> None:
         "wall_ratio_async_over_sync": async_["wall_s"] / sync["wall_s"],
         "target_ratio": 0.7,
     }  # fmt: skip
+    if split is not None:
+        result["async_lag1_ray_1_generation_worker"] = split
+        result["wall_ratio_async_ray_over_sync"] = split["wall_s"] / sync["wall_s"]
     if not args.skip_workers:
         result["rollout_workers"] = [rollouts_per_second(args, w) for w in (1, 2)]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -123,6 +146,10 @@ def main() -> None:
     print(f"sync {sync['wall_s']:.1f}s, async(lag 1) {async_['wall_s']:.1f}s for "
           f"{sync['trained_samples']}/{async_['trained_samples']} trained samples: "
           f"ratio {result['wall_ratio_async_over_sync']:.2f} (target <= 0.70)")  # fmt: skip
+    if split is not None:
+        ratio = result["wall_ratio_async_ray_over_sync"]
+        print(f"async(lag 1), generation on 1 Ray worker (1 thread), training on 1 thread: "
+              f"{split['wall_s']:.1f}s, ratio {ratio:.2f}")  # fmt: skip
     for w in result.get("rollout_workers", []):
         print(f"ray workers={w['workers']}: {w['rollouts_per_s']:.2f} rollouts/s")
     print(f"wrote {RESULTS}")

@@ -91,6 +91,8 @@ class RolloutConfig(_Section):
     """Replays of an episode whose env worker died (infrastructure), with backoff."""
     workers: int = Field(1, gt=0)
     """Rollout workers (Ray actors) when `run.cluster = "ray"`."""
+    worker_threads: int | None = Field(None, gt=0)
+    """torch threads of each Ray rollout worker (None: Ray's default for the actor)."""
     worker_timeout_s: float = Field(600.0, gt=0)
     """A worker that does not answer in this time is replaced and its share re-sent."""
     max_policy_lag: int = Field(0, ge=0)

@@ -39,8 +39,12 @@ class RolloutWorker:
         env_timeout_s: float,
         grade_timeout_s: float,
         max_turns: int,
+        threads: int | None = None,
     ) -> None:
         from rldojo.policy.models import load_model
+
+        if threads:
+            torch.set_num_threads(threads)
         from rldojo.policy.transformers_backend import TransformersPolicy
         from rldojo.rollout.mixture import EnvMixture
 

@@ -526,7 +526,7 @@ class Trainer:
         ro = cfg.rollout
         args = (
             cfg.model.name, entries, cfg.grader.spec, cfg.model.generation_dtype,
-            ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns,
+            ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns, ro.worker_threads,
         )  # fmt: skip
         return RayRolloutPool(
             workers=ro.workers, actor_args=args, address=cfg.run.ray_address,
