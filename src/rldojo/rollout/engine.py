@@ -8,9 +8,10 @@ scores finished rollouts concurrently with a per-rollout timeout; a grader that 
 hangs yields `Score.failed(...)`, never a reward of 0.
 
 Token bookkeeping: `prompt_ids` is the encoded opening conversation; `completion_ids`
-holds every later token, with `policy_mask` True where the policy wrote it. Environment
-turns are encoded as the difference between the re-encoded conversation and what came
-before, so the trainer sees exactly the tokens the policy conditioned on.
+holds every later token, with `policy_mask` True where the policy wrote it. Sampled ids
+are kept as sampled; an environment turn adds the tokens of the text the chat template
+puts after the assistant's content (see `_env_turn_ids`), so the trainer sees exactly the
+tokens the policy conditioned on.
 """
 
 from __future__ import annotations
@@ -132,13 +133,46 @@ async def _env_turn(
             ep.info["episode/cut"] = "tokens" if over_budget else "turns"
         return
     ep.messages.extend(result.messages)
-    full = _encode(policy, ep.messages, ep.tools)
-    seen = len(ep.prompt_ids) + len(ep.ids)
-    env_ids = full[seen:]  # re-encoding may not reproduce the sampled ids exactly
+    env_ids = _env_turn_ids(policy, ep, len(result.messages))
     ep.ids += env_ids
     ep.mask += [False] * len(env_ids)
     ep.logprobs += [0.0] * len(env_ids)
     ep.entropies += [0.0] * len(env_ids)
+
+
+def _env_turn_ids(policy: Policy, ep: _Episode, n_new: int) -> list[int]:
+    """Tokens that follow the policy's sampled ids: the end of its turn as the chat template
+    closes it, the environment's messages, and the next assistant opening.
+
+    The sampled ids are kept as sampled (they are what the policy conditioned on and what
+    is trained); only the text the template adds after the assistant's content is
+    tokenised, on its own. Re-encoding the whole conversation and slicing at the sampled
+    length would shift whenever the sampled ids are not the canonical tokenisation of
+    their text (a stop string cut the text, or BPE merges differently).
+    """
+    render = getattr(getattr(policy, "tokenizer", None), "apply_chat_template", None)
+    texts = None
+    if render is not None:
+        kwargs: dict[str, Any] = {"tools": list(ep.tools)} if ep.tools else {}
+        turn = ep.messages[-n_new - 1]
+        texts = [
+            render(msgs, tokenize=False, add_generation_prompt=gen, **kwargs)
+            for msgs, gen in ((ep.messages[: -n_new - 1], True), (ep.messages[:-n_new], False),
+                              (ep.messages, True))
+        ]  # fmt: skip
+    content = str(turn.get("content") or "") if texts else ""
+    if texts is None or not (
+        texts[2].startswith(texts[1]) and texts[1].startswith(texts[0] + content)
+    ):  # a template that is not prefix-stable, or rewrites the content: slice the re-encoding
+        seen = len(ep.prompt_ids) + len(ep.ids)
+        return _encode(policy, ep.messages, ep.tools)[seen:]
+    closing = texts[1][len(texts[0]) + len(content) :]  # "<|im_end|>\n" in ChatML
+    encode = policy.tokenizer
+    ids = list(encode(closing, add_special_tokens=False)["input_ids"]) if closing else []
+    last = ep.ids[-1] if ep.ids else None
+    if ids and ids[0] == last:  # the policy sampled the end-of-turn token itself
+        ids = ids[1:]
+    return ids + list(encode(texts[2][len(texts[1]) :], add_special_tokens=False)["input_ids"])
 
 
 async def collect_rollouts(
