@@ -183,3 +183,12 @@ def test_grader_timeout_returns_promptly():
     scores = asyncio.run(grade_rollouts(env.default_grader(), rollouts, tasks, timeout_s=0.5))
     assert time.monotonic() - started < 2.0
     assert [s.status for s in scores] == ["ok", "timeout", "ok", "ok"]
+
+
+def test_long_phases_are_logged_with_what_they_wait_on(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="rldojo.pipeline")
+    kv = 'mode = "ok", grader_mode = "hang"'
+    cfg = _config(tmp_path, "w", f"env.kwargs={{{kv}}}", "rollout.wait_warn_s=0.3")
+    run_training(cfg)
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still")]
+    assert any("grading 8 samples with fault-grader" in m for m in waits), waits

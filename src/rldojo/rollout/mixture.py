@@ -133,11 +133,11 @@ class EnvMixture:
 class MixtureGrader:
     """Grades each rollout with the grader of its task's environment."""
 
-    name = "mixture"
-
     def __init__(self, graders: Mapping[str, Grader]) -> None:
         self.graders = dict(graders)
         self._default = next(iter(self.graders.values()))
+        names = dict.fromkeys(getattr(g, "name", type(g).__name__) for g in self.graders.values())
+        self.name = "+".join(names)  # e.g. "math-verify+code-tests" (logs, provenance)
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         return await self.graders.get(task.env, self._default).grade(rollout, task)

@@ -36,7 +36,7 @@ from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.rollout.env_workers import EnvWorkerPool
 from rldojo.rollout.mixture import EnvMixture
-from rldojo.rollout.pipeline import AsyncRollouts
+from rldojo.rollout.pipeline import AsyncRollouts, Watchdog
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
@@ -122,6 +122,7 @@ class Trainer:
             separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
         )  # fmt: skip
         self.pipeline: AsyncRollouts | None = None
+        self.watchdog = Watchdog(cfg.rollout.wait_warn_s)  # logs long synchronous phases
         self.env_pool: EnvWorkerPool | None = None
         if cfg.rollout.env_workers > 0:  # environments in worker processes
             self.env_pool = EnvWorkerPool(
@@ -178,6 +179,7 @@ class Trainer:
             groups, all_rollouts, all_scores, timing, rounds = self._loop.run_until_complete(
                 self.collect_groups()
             )
+            self.watchdog.set(None)
         metrics = rollout_metrics(all_rollouts, all_scores, groups, self.config.rollout)
         metrics["rollout/extra_rounds"] = rounds
         trained = [g for g in groups if g.informative]
@@ -264,9 +266,9 @@ class Trainer:
         added to `timing`, and `announce` hears what is being waited on."""
         ro = self.config.rollout
         if announce is not None:
-            announce(
-                f"generating {len(requests)} samples for {sorted({t.id for t, _, _ in requests})}"
-            )
+            where = f" on {len(self.ray_pool.actors)} Ray workers" if self.ray_pool else ""
+            tasks = sorted({t.id for t, _, _ in requests})
+            announce(f"generating {len(requests)} samples{where} for tasks {tasks}")
         t0 = time.perf_counter()
         if self.ray_pool is not None:  # generation, envs and grading on Ray actors
             rollouts, scores = self.ray_pool.run(requests, self.sampling(seed), ro.group_size)
@@ -300,7 +302,7 @@ class Trainer:
             scores = [s for _, _, s in committed]
             timing["rollout/reused"] = timing.get("rollout/reused", 0) + len(ids)
             return self._groups(tasks, rollouts, scores, ids)
-        rollouts, scores = await self.generate_and_grade(requests, seed, timing)
+        rollouts, scores = await self.generate_and_grade(requests, seed, timing, self.watchdog.set)
         ids = self.ledger.add(self.step_num, rollouts, scores, round=rnd)  # durable first
         return self._groups(tasks, rollouts, scores, ids)
 
@@ -540,6 +542,7 @@ class Trainer:
             self.pipeline.close()
         if self.env_pool is not None:
             self.env_pool.close()
+        self.watchdog.close()
         self.ledger.close()
         close = getattr(self.grader, "close", None)
         if close is not None:
