@@ -3,7 +3,9 @@
 Layout: `RUN/checkpoints/step_000012/{model.safetensors, trainer.pt, state.json}`, plus
 the tokenizer and config so a checkpoint directory loads with `from_pretrained`. A
 checkpoint is written to a temporary directory and renamed, so a crash mid-write never
-leaves a half checkpoint that `--resume` would pick up.
+leaves a half checkpoint that `--resume` would pick up. Rewriting a step that exists (a
+resumed run saving its last step again) first renames the old one away whole, so a crash
+never leaves it half deleted under its own name; the next save removes what a crash left.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ def save_checkpoint(
 ) -> Path:
     """Write a complete checkpoint for `step` and return its directory."""
     final = directory / f"step_{step:06d}"
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in [*directory.glob(".tmp_step_*"), *directory.glob(".old_step_*")]:
+        shutil.rmtree(stale, ignore_errors=True)  # left by a writer killed mid-save
     tmp = directory / f".tmp_step_{step:06d}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save(
@@ -47,8 +51,13 @@ def save_checkpoint(
         tmp / "trainer.pt",
     )
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    if final.exists():  # a directory can't be renamed over a non-empty one: move it aside
+        old = directory / f".old_step_{step:06d}_{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
     return final
 
 

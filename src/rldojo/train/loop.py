@@ -8,11 +8,16 @@
     RUN/ledger.sqlite      every graded rollout (durable, before training on it)
     RUN/checkpoints/       step_NNNNNN/ (safetensors + optimizer + RNG + step)
     RUN/summary.json       held-out accuracy before/after, timings
+
+Resuming (`--resume RUN`) continues from the newest checkpoint; everything a step logs,
+evaluations included, is written before that step's checkpoint, so the log lines of later
+steps are dropped on resume and written again as those steps are redone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +29,7 @@ from rich.table import Table
 
 from rldojo.config import TrainConfig
 from rldojo.report.metrics import MetricsLogger
+from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.train.trainer import Trainer
 
 
@@ -41,6 +47,26 @@ def _step_line(step: int, m: dict[str, Any]) -> str:
         f" groups {g('rollout/groups_informative', 0)}/{g('rollout/groups', 0)}"
         f" gen {g('time/generate', 0):.0f}s train {g('time/train', 0):.0f}s"
     )
+
+
+def _trim_logs(run_dir: Path, step: int | None) -> None:
+    """Keep the lines of `metrics.jsonl` and `samples.jsonl` up to `step` (None: none),
+    dropping a line a crash cut short; each file is replaced whole."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = run_dir / name
+        if not path.exists():
+            continue
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if step is not None and record.get("step", 0) <= step:
+                kept.append(line + "\n")
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
 
 
 def _write_samples(run_dir: Path, step: int, trainer: Trainer) -> None:
@@ -62,17 +88,22 @@ def run_training(
     started = time.perf_counter()
     console.print(f"[bold]rldojo train[/] {config.model.name} on {config.env.id} -> {run_dir}")
     trainer = Trainer(config, run_dir, resume=resume)
+    if resume:  # the steps after the checkpoint are redone, and logged again
+        resumed = latest_checkpoint(run_dir / "checkpoints") is not None
+        _trim_logs(run_dir, trainer.step_num if resumed else None)
+    start = trainer.step_num
     logger = MetricsLogger(run_dir)
     try:
         if config.eval.tasks and "before" not in trainer.evals:
             _report_eval(console, "before", trainer.evaluate("before"))
             logger.log(trainer.step_num, {"eval/accuracy": trainer.evals["before"]["accuracy"]})
         _train_steps(config, trainer, logger, console)
-        trainer.save()
-        if config.eval.tasks:
+        # Evaluated before the final checkpoint, which keeps the result: a run resumed
+        # from that checkpoint has nothing left to do (and logs nothing twice).
+        if config.eval.tasks and (trainer.step_num > start or "after" not in trainer.evals):
             _report_eval(console, "after", trainer.evaluate("after"))
             logger.log(trainer.step_num, {"eval/accuracy": trainer.evals["after"]["accuracy"]})
-            trainer.save()  # keep the final evals in the checkpoint state
+        trainer.save()
         summary = _summary(config, trainer, time.perf_counter() - started)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         _print_summary(console, summary)
@@ -99,12 +130,12 @@ def _train_steps(
             logger.log(trainer.step_num, metrics)
             _write_samples(trainer.run_dir, trainer.step_num, trainer)
             progress.console.print(_step_line(trainer.step_num, metrics), soft_wrap=True)
-            every = config.run.checkpoint_every
-            if every and trainer.step_num % every == 0 and trainer.step_num < config.run.steps:
-                trainer.save()
             if config.eval.every and trainer.step_num % config.eval.every == 0:
                 result = trainer.evaluate(f"step_{trainer.step_num}")
                 logger.log(trainer.step_num, result.metrics())
+            every = config.run.checkpoint_every  # after the step's logs and evaluation
+            if every and trainer.step_num % every == 0 and trainer.step_num < config.run.steps:
+                trainer.save()
             progress.update(bar, completed=trainer.step_num)
 
 

@@ -18,6 +18,7 @@ import asyncio
 import copy
 import ctypes
 import math
+import os
 import random
 import time
 import warnings
@@ -69,6 +70,12 @@ def _load_grader(spec: Any) -> Any:
     return load(spec)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -113,6 +120,8 @@ class Trainer:
         self.grader = self.envs.grader()
         self.test_tasks = self.envs.test_tasks
         self.curriculum = self._curriculum() if cfg.curriculum.enabled else None
+        # First, and atomically: a run killed at any later point can be resumed from it.
+        write_atomically(run_dir / "config.toml", dump_config(cfg))
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
         self.model.train()
@@ -159,7 +168,6 @@ class Trainer:
                 self.curriculum.load_state_dict(state["curriculum"])
             self.policy_updates = state.get("policy_version", self.step_num)
             self.policy.version = self.policy_updates
-        (run_dir / "config.toml").write_text(dump_config(cfg))
         self.ledger = Ledger(run_dir / "ledger.sqlite")
         if resume:
             self.ledger.rollback(self.step_num)  # training after the checkpoint was lost

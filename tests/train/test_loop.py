@@ -1,0 +1,102 @@
+"""The run loop across crashes: every step and evaluation is logged once, as in a run that
+never stopped (`metrics.jsonl`), whichever point of the loop the crash hit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rldojo.config import load_config
+from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.registry import register
+from rldojo.train import loop
+from rldojo.train.loop import run_training
+from rldojo.train.trainer import Trainer
+from rldojo.types import Score, Task
+
+
+class ParityEnv(SingleTurnEnv):
+    """Short prompts; reward = parity of the completion's token ids (groups carry signal)."""
+
+    env_id = "loop-parity-v1"
+
+    def tasks(self, split="train", *, seed=0, n=None):
+        return [
+            Task(id=f"{split}/{i}", prompt=f"item {i}", env=self.env_id) for i in range(n or 10)
+        ]
+
+    def default_grader(self):
+        return ParityGrader()
+
+
+class ParityGrader:
+    name = "parity"
+
+    async def grade(self, rollout, task):
+        return Score(value=float(sum(rollout.completion_ids) % 2))
+
+
+register("loop-parity-v1", ParityEnv, overwrite=True)
+
+TINY = [
+    "model.name=tiny-random", "model.autocast_bf16=false", "env.id=loop-parity-v1",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=2", "rollout.dynamic_sampling=false", "sampling.max_new_tokens=4",
+    "sampling.temperature=1.0", "eval.tasks=2", "eval.max_new_tokens=2", "eval.every=1",
+    "env.train_tasks=10", "run.steps=2", "run.checkpoint_every=1", "run.deterministic=true",
+    "run.threads=1",  # two threads on two shared cores wait on each other: 4x slower
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()  # `run.threads` sets them for the whole process
+    yield
+    torch.set_num_threads(threads)
+
+
+class _Crash(Exception):
+    """The process dies here."""
+
+
+def _logged(run) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    # Timings vary; `rollout/reused` counts rounds a resumed run took from the ledger.
+    skip = ("time/", "rollout/reused")
+    return [{k: v for k, v in r.items() if not k.startswith(skip)} for r in rows]
+
+
+def _crash_in(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, when) -> None:
+    original = getattr(owner, name)
+
+    def crashing(*args, **kwargs):
+        if when(*args, **kwargs):
+            raise _Crash
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, crashing)
+
+
+def test_a_run_crashed_anywhere_in_the_loop_logs_as_one_never_stopped(tmp_path, monkeypatch):
+    run_training(load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=ref"]))
+    cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=crash"])
+    run = tmp_path / "crash"
+    crashes = [
+        # In the evaluation after step 1: it is part of step 1, redone with it.
+        (Trainer, "evaluate", lambda self, label: label == "step_1"),
+        # In the final checkpoint, after step 2 logged its metrics and evaluations.
+        (Trainer, "save", lambda self: self.step_num == 2),
+        # After the final checkpoint: the resumed run has nothing left to log.
+        (loop, "_summary", lambda *args: True),
+    ]
+    for attempt, (owner, name, when) in enumerate(crashes):
+        with monkeypatch.context() as m:
+            _crash_in(m, owner, name, when)
+            with pytest.raises(_Crash):
+                run_training(cfg, run_dir=run, resume=attempt > 0)
+    run_training(cfg, run_dir=run, resume=True)
+    assert _logged(run) == _logged(tmp_path / "ref")
+    assert [r["step"] for r in _logged(run) if "reward/mean" in r] == [1, 2]
