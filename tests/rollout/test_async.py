@@ -103,3 +103,35 @@ def test_evaluations_during_async_training_share_the_grader_pool(tmp_path):
     evals = summary["evals"]
     assert set(evals) == {"before", "step_1", "step_2", "step_3", "after"}
     assert [e["statuses"] for e in evals.values()] == [{"ok": 6}] * 5
+
+
+def test_async_resume_redraws_untrained_batches_and_reuses_committed_ones(tmp_path):
+    """A crash after the producer committed batches the trainer had not trained: the
+    resumed run draws the same batches again (data order continues), reuses the committed
+    ones instead of regenerating them, and nothing is committed or trained twice."""
+    first = _trainer(tmp_path, lag=1)
+    try:
+        for _ in range(2):
+            first.step()
+        first.save()  # checkpoint after step 2: batches 0 and 1 consumed
+        first.step()  # step 3 trains batch 2; the producer commits batch 3 meanwhile
+        ahead = {r for (r,) in first.ledger._db.execute("SELECT DISTINCT round FROM rollouts")}
+    finally:
+        first.close()  # the "crash": no checkpoint after step 3
+    assert {100, 101, 102, 103} <= ahead
+    cfg = first.config
+    second = Trainer(cfg, tmp_path / "lag1", resume=True)
+    try:
+        assert second.step_num == 2 and second.async_next_batch == 2
+        metrics = [second.step() for _ in range(2)]
+        rows = second.ledger._db.execute(
+            "SELECT round, task_id, sample_index, trained FROM rollouts WHERE round >= 100"
+        ).fetchall()
+    finally:
+        second.close()
+    assert metrics[0]["rollout/reused"] == 8  # batch 2 came from the ledger, not the model
+    keys = [(r, t, k) for r, t, k, _ in rows]
+    assert len(keys) == len(set(keys))  # no batch committed twice
+    trained = {r: {tr for rr, _, _, tr in rows if rr == r} for r in {r for r, *_ in rows}}
+    assert trained[100] == {1} and trained[101] == {2}  # from before the checkpoint
+    assert trained[102] == {3} and trained[103] == {4}  # redone after the resume, once

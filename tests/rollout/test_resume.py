@@ -103,7 +103,7 @@ def test_sigkill_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
         steps = [m["step"] for m in ledger.step_metrics()]
         assert steps == [1, 2, 3, 4, 5, 6]  # numbering continues, no step twice
         rows = ledger._db.execute(
-            "SELECT step, task_id, sample_index, COUNT(*), SUM(trained) FROM rollouts"
+            "SELECT step, task_id, sample_index, COUNT(*), SUM(trained > 0) FROM rollouts"
             " GROUP BY step, task_id, sample_index"
         ).fetchall()
         trained = [r for r in rows if r[4]]

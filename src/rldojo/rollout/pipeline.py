@@ -35,17 +35,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("rldojo.pipeline")
 
 
+ROUND_BASE = 100
+"""The producer's batch b is ledger round `ROUND_BASE + b` (the synchronous trainer's
+rounds are 0, 1, ... within a step)."""
+
+
 @dataclass
 class _Batch:
     groups: list[Group]
     version: int
+    index: int
+    draw_state: dict  # the task-draw state after drawing this batch (for checkpoints)
     timing: dict[str, float] = field(default_factory=dict)
 
 
 class AsyncRollouts:
     """Produces graded groups in the background for a `Trainer` (lag >= 1)."""
 
-    def __init__(self, trainer: Trainer, max_policy_lag: int, wait_warn_s: float = 60.0) -> None:
+    def __init__(
+        self, trainer: Trainer, max_policy_lag: int, wait_warn_s: float = 60.0, first_batch: int = 0
+    ) -> None:
         if max_policy_lag < 1:
             raise ValueError("AsyncRollouts needs max_policy_lag >= 1 (0 is synchronous)")
         self.trainer = trainer
@@ -56,8 +65,9 @@ class AsyncRollouts:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self.activity = "starting"
+        self.consumed: tuple[int, dict] | None = None
         self.activity_since = time.monotonic()
-        self.batches = 0
+        self.batches = first_batch  # the next batch's index (continues across resumes)
         self._thread = threading.Thread(target=self._run, name="rldojo-rollouts", daemon=True)
         self._thread.start()
 
@@ -82,23 +92,36 @@ class AsyncRollouts:
             loop.close()
 
     async def _produce(self, ledger: Ledger) -> _Batch:
+        """Batch b: its tasks, seed and ledger round follow from b and the draw state, so
+        after a resume the same batch is drawn again, and reused if it was committed."""
         t = self.trainer
         cfg = t.config
+        b = self.batches
         tasks = t.draw_tasks(cfg.rollout.prompts_per_step)
-        seed = cfg.run.seed * 1_000_003 + self.batches * 101 + 7
+        draw_state = t.draw_state()
+        seed = cfg.run.seed * 1_000_003 + b * 101 + 7
         self.batches += 1
-        timing: dict[str, float] = {}
-        rollouts, scores = await t.generate_and_grade(
-            t.requests(tasks, seed), seed, timing, announce=self._set_activity
-        )
+        timing: dict[str, float] = {"time/generate": 0.0, "time/grade": 0.0}
+        requests = t.requests(tasks, seed)
+        committed = ledger.find_round(None, ROUND_BASE + b)
+        if len(committed) == len(requests):  # graded before a crash: reuse, don't redo
+            ids = [i for i, _, _ in committed]
+            rollouts, scores = [r for _, r, _ in committed], [s for _, _, s in committed]
+            timing["rollout/reused"] = len(ids)
+        else:
+            rollouts, scores = await t.generate_and_grade(
+                requests, seed, timing, announce=self._set_activity
+            )
+            ids = ledger.add(t.step_num, rollouts, scores, round=ROUND_BASE + b)
         version = min((r.policy_version for r in rollouts), default=t.policy.version)
-        ids = ledger.add(t.step_num, rollouts, scores, round=100 + self.batches)
-        return _Batch(t._groups(tasks, rollouts, scores, ids), version, timing)
+        return _Batch(t._groups(tasks, rollouts, scores, ids), version, b, draw_state, timing)
 
     # ------------------------------------------------------------------ consumer
 
     def take(self, current_version: int) -> tuple[list[Group], dict[str, float]]:
-        """The next batch of groups within the lag bound (older ones are dropped)."""
+        """The next batch of groups within the lag bound (older ones are dropped).
+        `consumed` is then (next batch index, task-draw state after the last taken batch):
+        what a checkpoint saves, since the producer has drawn further ahead."""
         dropped = 0
         waited = 0.0
         while True:
@@ -106,6 +129,7 @@ class AsyncRollouts:
             batch = self._get()
             waited += time.monotonic() - started
             self._ahead.release()  # the producer may start the next batch now
+            self.consumed = (batch.index + 1, batch.draw_state)
             lag = current_version - batch.version
             if lag <= self.max_lag:
                 info = dict(batch.timing)

@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     flags TEXT NOT NULL,
     explanation TEXT NOT NULL,
     provenance TEXT NOT NULL,
-    trained INTEGER NOT NULL DEFAULT 0
+    trained INTEGER NOT NULL DEFAULT 0  -- the step that trained on it (0: none yet)
 );
 CREATE INDEX IF NOT EXISTS rollouts_step ON rollouts(step);
 CREATE TABLE IF NOT EXISTS steps (
@@ -107,10 +107,11 @@ class Ledger:
                 ids.append(int(cur.lastrowid or 0))
         return ids
 
-    def mark_trained(self, ids: Sequence[int]) -> None:
+    def mark_trained(self, ids: Sequence[int], step: int) -> None:
+        """Record that optimizer step `step` (1-based) trained on these rows."""
         with self._db:
             self._db.executemany(
-                "UPDATE rollouts SET trained = 1 WHERE id = ?", [(i,) for i in ids]
+                "UPDATE rollouts SET trained = ? WHERE id = ?", [(step, i) for i in ids]
             )
 
     def add_step(self, step: int, metrics: dict[str, Any]) -> None:
@@ -130,21 +131,23 @@ class Ledger:
     def count(self, *, trained: bool | None = None) -> int:
         query = "SELECT COUNT(*) FROM rollouts"
         if trained is not None:
-            query += f" WHERE trained = {int(trained)}"
+            query += " WHERE trained > 0" if trained else " WHERE trained = 0"
         return int(self._db.execute(query).fetchone()[0])
 
-    def find_round(self, step: int, round: int) -> list[tuple[int, Rollout, Score]]:
-        """The graded rollouts of one committed round, to reuse after a crash (in order)."""
+    def find_round(self, step: int | None, round: int) -> list[tuple[int, Rollout, Score]]:
+        """The graded rollouts of one committed round, to reuse after a crash (in order).
+        `step` None: the round id alone names it (the async producer's rounds)."""
+        where, args = ("round = ?", (round,)) if step is None else (
+            "step = ? AND round = ?", (step, round))  # fmt: skip
         rows = self._db.execute(
-            f"SELECT id, {_COLUMNS} FROM rollouts WHERE step = ? AND round = ? ORDER BY id",
-            (step, round),
+            f"SELECT id, {_COLUMNS} FROM rollouts WHERE {where} ORDER BY id", args
         ).fetchall()
         return [(int(row[0]), *_decode(row[1:])) for row in rows]
 
     def rollback(self, step: int) -> None:
         """Resuming from the checkpoint after `step` steps: later training never happened."""
         with self._db:
-            self._db.execute("UPDATE rollouts SET trained = 0 WHERE step >= ?", (step,))
+            self._db.execute("UPDATE rollouts SET trained = 0 WHERE trained > ?", (step,))
             self._db.execute("DELETE FROM steps WHERE step > ?", (step,))
 
     def samples(self, step: int, limit: int = 4) -> list[dict[str, Any]]:

@@ -159,13 +159,13 @@ class Trainer:
         )
         self.step_num = 0
         self.policy_updates = 0  # weight updates so far (the trainer's policy version)
+        self.async_next_batch = 0  # the async producer's next batch (continues on resume)
         self.evals: dict[str, dict[str, Any]] = {}
         if checkpoint is not None:
             state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
             self.step_num, self.evals = state["step"], state.get("evals", {})
-            self.envs.load_state_dict(state["tasks"])
-            if self.curriculum is not None and "curriculum" in state:
-                self.curriculum.load_state_dict(state["curriculum"])
+            self.load_draw_state(state)
+            self.async_next_batch = int(state.get("async_next_batch", 0))
             self.policy_updates = state.get("policy_version", self.step_num)
             self.policy.version = self.policy_updates
         self.ledger = Ledger(run_dir / "ledger.sqlite")
@@ -195,7 +195,7 @@ class Trainer:
             t0 = time.perf_counter()
             metrics |= self.train_on(trained)
             timing["time/train"] = time.perf_counter() - t0
-            self.ledger.mark_trained([i for g in trained for i in g.ledger_ids])
+            self.ledger.mark_trained([i for g in trained for i in g.ledger_ids], self.step_num + 1)
         else:
             metrics["train/skipped"] = 1  # no signal in any group: no update this step
         self.step_num += 1
@@ -219,7 +219,9 @@ class Trainer:
         """Groups from the background producer (started on first use), within the lag bound."""
         ro = self.config.rollout
         if self.pipeline is None:
-            self.pipeline = AsyncRollouts(self, ro.max_policy_lag, ro.wait_warn_s)
+            self.pipeline = AsyncRollouts(
+                self, ro.max_policy_lag, ro.wait_warn_s, first_batch=self.async_next_batch
+            )
         groups: list[Group] = []
         timing: dict[str, float] = {}
         rounds = 0
@@ -410,11 +412,12 @@ class Trainer:
         logprobs, _ = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T]
         ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
         behaviour = mb.behaviour_logprobs  # [M, T]
-        # Stale rows (sampled by older weights) take the PPO ratio against their behaviour
-        # log-probs; on-policy rows use the current ones (ratio 1) with a truncated IS
-        # weight for the sampler's numeric mismatch (bf16 sampler, fp32 trainer).
+        # Stale rows (sampled by other weights: older ones, or ones a crash lost) take the
+        # PPO ratio against their behaviour log-probs; on-policy rows use the current ones
+        # (ratio 1) with a truncated IS weight for the sampler's numeric mismatch (bf16
+        # sampler, fp32 trainer).
         versions = mb.versions if mb.versions is not None else torch.zeros(mb.size)  # [M]
-        stale = (versions < self.policy_updates)[:, None]  # [M, 1]
+        stale = (versions != self.policy_updates)[:, None]  # [M, 1] (newer: from lost weights)
         old = torch.where(stale, behaviour, logprobs.detach())  # [M, T]
         is_weights = None
         if lc.tis_cap is not None:
@@ -513,7 +516,23 @@ class Trainer:
         }
         return result
 
+    def draw_state(self) -> dict[str, Any]:
+        """Where the task draws stand (environments' cursors, curriculum)."""
+        return {
+            "tasks": self.envs.state_dict(),
+            "curriculum": None if self.curriculum is None else self.curriculum.state_dict(),
+        }
+
+    def load_draw_state(self, state: dict[str, Any]) -> None:
+        self.envs.load_state_dict(state["tasks"])
+        if self.curriculum is not None and state.get("curriculum"):
+            self.curriculum.load_state_dict(state["curriculum"])
+
     def save(self) -> Path:
+        draws = self.draw_state()
+        if self.pipeline is not None and self.pipeline.consumed is not None:
+            # The producer draws ahead; a resumed run must redraw what was not trained yet.
+            self.async_next_batch, draws = self.pipeline.consumed
         return save_checkpoint(
             self.run_dir / "checkpoints",
             model=self.model,
@@ -522,10 +541,10 @@ class Trainer:
             scheduler=self.scheduler,
             step=self.step_num,
             state={
-                "tasks": self.envs.state_dict(),
-                "curriculum": None if self.curriculum is None else self.curriculum.state_dict(),
+                **draws,
                 "evals": self.evals,
                 "policy_version": self.policy_updates,
+                "async_next_batch": self.async_next_batch,
             },
         )
 
