@@ -89,6 +89,10 @@ class RolloutConfig(_Section):
     a call past `env_timeout_s` kills its worker, and episodes on a dead worker replay."""
     env_retries: int = Field(2, ge=0)
     """Replays of an episode whose env worker died (infrastructure), with backoff."""
+    grade_in_workers: bool = False
+    """Grade in worker processes (as many as `env_workers`, at least 1) instead of the
+    trainer's event loop: a grader that blocks or crashes costs a worker, not the run;
+    its calls are bounded by `grade_timeout_s` and retried when a worker dies."""
     workers: int = Field(1, gt=0)
     """Rollout workers (Ray actors) when `run.cluster = "ray"`."""
     worker_threads: int | None = Field(None, gt=0)

@@ -114,7 +114,11 @@ def test_remote_episodes_equal_in_process_ones(pool):
     assert [r.status for r in remote] == ["ok"] * 4, [r.error for r in remote]
     assert [r.messages for r in remote] == [r.messages for r in local]
     assert [r.completion_ids for r in remote] == [r.completion_ids for r in local]
-    assert pool.metrics() == {"env_workers/replaced": 0, "env_workers/replays": 0}
+    assert pool.metrics() == {
+        "env_workers/replaced": 0,
+        "env_workers/replays": 0,
+        "env_workers/regrades": 0,
+    }
 
 
 def test_synchronously_blocking_env_times_out_and_others_finish(pool):

@@ -75,6 +75,10 @@ class FaultGrader:
                 raise ValueError("grader bug")
             if self.mode == "hang":
                 await asyncio.sleep(3600)
+            if self.mode == "block":  # synchronous: needs graders in worker processes
+                time.sleep(3600)
+            if self.mode == "exit":  # kills its worker process, every time
+                os._exit(1)
             if self.mode == "block":  # synchronous: needs env worker processes
                 time.sleep(3600)
             if self.mode == "exit":  # the worker process dies, every time
@@ -112,12 +116,17 @@ def _steps(tmp_path, name):
         ({"mode": "hang"}, "rollout/status_timeout", 2, 2),
         ({"mode": "block"}, "rollout/status_timeout", 2, 2),
         ({"mode": "exit"}, "rollout/status_env_error", 2, 2),
+        # graders in worker processes (-1: rollout.grade_in_workers with 1 worker)
+        ({"mode": "ok", "grader_mode": "raise"}, "grade/status_error", 2, -1),
+        ({"mode": "ok", "grader_mode": "block"}, "grade/status_timeout", 2, -1),
+        ({"mode": "ok", "grader_mode": "exit"}, "grade/status_error", 2, -1),
     ],
 )
 def test_failures_are_counted_and_excluded(tmp_path, kwargs, key, count, workers):
     kv = ", ".join(f'{k} = "{v}"' for k, v in kwargs.items())
     started = time.monotonic()
-    extra = [f"rollout.env_workers={workers}", "rollout.env_retries=1"]
+    extra = [f"rollout.env_workers={max(workers, 0)}", "rollout.env_retries=1",
+             f"rollout.grade_in_workers={str(workers < 0).lower()}"]  # fmt: skip
     summary = run_training(_config(tmp_path, "f", f"env.kwargs={{{kv}}}", *extra))
     assert time.monotonic() - started < 60  # timeouts fire; nothing waits for an hour
     (step,) = _steps(tmp_path, "f")
@@ -128,6 +137,10 @@ def test_failures_are_counted_and_excluded(tmp_path, kwargs, key, count, workers
     assert sum(bad.values()) == count
     if kwargs["mode"] in ("block", "exit"):  # the worker was killed or died, and replaced
         assert step["env_workers/replaced"] >= 1
+    if kwargs.get("grader_mode") in ("block", "exit"):
+        assert step["grade/workers_replaced"] >= 1
+    if kwargs.get("grader_mode") == "exit":
+        assert step["grade/workers_regrades"] >= 2  # retried on a fresh worker, then failed
 
 
 class BrokenPolicy:

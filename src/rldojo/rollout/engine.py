@@ -246,6 +246,8 @@ async def _grade_one(
         return Score.failed("error", f"rollout failed ({rollout.status}): {rollout.error}")
     async with gate:
         try:
+            if getattr(grader, "enforces_timeouts", False):  # e.g. graders in env workers
+                return await grader.grade(rollout, task)
             return await asyncio.wait_for(grader.grade(rollout, task), timeout_s)
         except TimeoutError:
             return Score.failed("timeout", f"{grader.name} took longer than {timeout_s:.0f}s")

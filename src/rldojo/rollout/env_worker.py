@@ -2,7 +2,8 @@
 
 Its trainer-side counterpart, and the failure semantics, are in `rldojo.rollout.env_workers`.
 The worker reads `(request_id, op, key, args)` from the socket FD: `open` builds an
-environment from a pickled factory, `reset`/`step`/`close` drive it; each runs as a task on
+environment from a pickled factory, `reset`/`step`/`close` drive it, `grade` scores a
+rollout with a grader built from a pickled recipe (once per worker); each runs as a task on
 the worker's event loop, so async environments share a worker. A reader thread answers
 `who` (which call's code is running now, also while the loop is blocked) and `cancel`.
 The running call's id is also kept in 8 shared bytes (MEM) so that after a crash the
@@ -68,7 +69,27 @@ async def _dispatch(envs: dict[int, Any], op: str, key: int, args: tuple) -> Any
         if env is not None:
             await env.close()
         return None
+    if op == "grade":
+        recipe, rollout, task = args
+        if recipe not in _graders:  # built once per worker, kept (graders keep pools warm)
+            _graders[recipe] = _loads(recipe)()
+        return await _graders[recipe].grade(rollout, task)
     raise ValueError(f"unknown env worker op {op!r}")
+
+
+_graders: dict[bytes, Any] = {}  # graders built in this worker, by their pickled recipe
+
+
+def env_default_grader(env_id: str, factory: Callable[..., Any], kwargs: dict) -> Any:
+    """A grader recipe: the default grader of an environment (built in the worker)."""
+    return build_env(env_id, factory, kwargs).default_grader()
+
+
+def spec_grader(spec: Any) -> Any:
+    """A grader recipe: a grader spec (`rldojo.graders.load`), built in the worker."""
+    from rldojo.graders import load
+
+    return load(spec)
 
 
 @types.coroutine

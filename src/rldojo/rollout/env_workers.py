@@ -29,11 +29,11 @@ their module imports by name, else by value (cloudpickle: scripts, closures).
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.machinery
 import itertools
 import logging
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -45,7 +45,7 @@ from typing import Any
 import cloudpickle
 
 from rldojo.envs.registry import resolve_factory
-from rldojo.rollout.env_worker import RunningCall
+from rldojo.rollout.env_worker import RunningCall, env_default_grader, spec_grader
 from rldojo.types import Observation, StepResult, Task
 
 log = logging.getLogger("rldojo.env_workers")
@@ -75,18 +75,14 @@ def _importable(module: str) -> bool:
     return importlib.machinery.PathFinder.find_spec(top, sys.path) is not None
 
 
-def _dumps(factory: Callable[..., Any]) -> bytes:
-    """Pickle a factory for a worker: by reference when its module imports by name there
-    (the worker gets the trainer's `sys.path`), else by value (scripts, test modules)."""
-    module = getattr(factory, "__module__", None) or "__main__"
-    if _importable(module):
-        try:
-            return pickle.dumps(factory)
-        except (pickle.PicklingError, TypeError, AttributeError):
-            pass  # a lambda or closure in an importable module
-    if module in sys.modules and module != "__main__":
+def _dumps(obj: Any, module: str | None = None) -> bytes:
+    """Pickle a factory or recipe for a worker: by reference what imports by name there
+    (the worker gets the trainer's `sys.path`), by value the rest (scripts, test modules).
+    `module`: where the user's code lives, when `obj` wraps it (a `functools.partial`)."""
+    module = module or getattr(obj, "__module__", None) or "__main__"
+    if not _importable(module) and module in sys.modules and module != "__main__":
         cloudpickle.register_pickle_by_value(sys.modules[module])
-    return bytes(cloudpickle.dumps(factory))
+    return bytes(cloudpickle.dumps(obj))  # by reference where it can (plain pickle's way)
 
 
 # ---------------------------------------------------------------------- trainer side
@@ -260,12 +256,14 @@ class EnvWorkerPool:
         self._keys = itertools.count()
         self.started = 0  # worker processes started (the first N, then replacements)
         self.replays = 0  # episodes replayed after their worker died
+        self.regrades = 0  # grader calls retried after their worker died
 
     def metrics(self) -> dict[str, float]:
         n = len(self._slots)
         return {
             "env_workers/replaced": max(0, self.started - n),
             "env_workers/replays": self.replays,
+            "env_workers/regrades": self.regrades,
         }
 
     def worker(self) -> _Worker:
@@ -280,6 +278,16 @@ class EnvWorkerPool:
     def make_env(self, env_id: str, kwargs: dict[str, Any]) -> RemoteEnv:
         factory = resolve_factory(env_id)
         return RemoteEnv(self, env_id, _dumps(factory), dict(kwargs), next(self._keys))
+
+    def env_grader(self, env_id: str, kwargs: dict[str, Any], name: str) -> RemoteGrader:
+        """The default grader of `env_id`, run in the workers."""
+        factory = resolve_factory(env_id)
+        recipe = functools.partial(env_default_grader, env_id, factory, dict(kwargs))
+        return RemoteGrader(self, _dumps(recipe, factory.__module__), name)
+
+    def spec_grader(self, spec: Any, name: str) -> RemoteGrader:
+        """The grader of a spec (`rldojo.graders.load`), run in the workers."""
+        return RemoteGrader(self, _dumps(functools.partial(spec_grader, spec)), name)
 
     def close(self) -> None:
         with self._lock:
@@ -385,3 +393,32 @@ class RemoteEnv:
             )
         for action in self._actions:
             await self._call(worker, "step", action)
+
+
+class RemoteGrader:
+    """A grader that runs in the pool's workers, built there once per worker from its
+    recipe. Every call is bounded by the pool's `timeout_s` (a grader that holds its
+    worker's loop gets the worker killed); grading is idempotent, so a call whose worker
+    died is retried on another with backoff: up to `retries` times when the death came
+    during this call's own code, for free (bounded) when a neighbour's call caused it."""
+
+    enforces_timeouts = True
+
+    def __init__(self, pool: EnvWorkerPool, recipe: bytes, name: str) -> None:
+        self._pool, self._recipe, self.name = pool, recipe, name
+
+    async def grade(self, rollout: Any, task: Task) -> Any:
+        pool = self._pool
+        charged = tries = 0
+        while True:
+            tries += 1
+            try:
+                return await pool.worker().call(
+                    "grade", -1, self._recipe, rollout, task, timeout_s=pool.timeout_s
+                )
+            except WorkerDied as exc:  # charged only if this call was running (as episodes)
+                charged += 1 if exc.culprit else 0
+                if charged > pool.retries or tries > 4 * pool.retries + 4:
+                    raise WorkerDied(f"{exc} (graded {tries} times)") from None
+                pool.regrades += 1
+                await asyncio.sleep(pool.backoff_s * 2 ** min(tries - 1, 4))

@@ -138,6 +138,9 @@ class MixtureGrader:
         self._default = next(iter(self.graders.values()))
         names = dict.fromkeys(getattr(g, "name", type(g).__name__) for g in self.graders.values())
         self.name = "+".join(names)  # e.g. "math-verify+code-tests" (logs, provenance)
+        self.enforces_timeouts = all(
+            getattr(g, "enforces_timeouts", False) for g in self.graders.values()
+        )
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         return await self.graders.get(task.env, self._default).grade(rollout, task)

@@ -36,7 +36,7 @@ from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.rollout.env_workers import EnvWorkerPool
-from rldojo.rollout.mixture import EnvMixture
+from rldojo.rollout.mixture import EnvMixture, MixtureGrader
 from rldojo.rollout.pipeline import AsyncRollouts, Watchdog
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.ledger import Ledger
@@ -131,6 +131,7 @@ class Trainer:
             separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
         )  # fmt: skip
         self.pipeline: AsyncRollouts | None = None
+        self.grader_pool: EnvWorkerPool | None = None  # graders in workers (own timeout)
         self.watchdog = Watchdog(cfg.rollout.wait_warn_s)  # logs long synchronous phases
         self.env_pool: EnvWorkerPool | None = None
         if cfg.rollout.env_workers > 0:  # environments in worker processes
@@ -139,6 +140,8 @@ class Trainer:
                 timeout_s=cfg.rollout.env_timeout_s,
                 retries=cfg.rollout.env_retries,
             )
+        if cfg.rollout.grade_in_workers:
+            self.grader = self._remote_graders()
         self.ray_pool = self._ray_pool(entries) if cfg.run.cluster == "ray" else None
         # The KL reference is the initial model, also after a resume from a checkpoint.
         self.ref_model = None
@@ -212,6 +215,9 @@ class Trainer:
             metrics |= self.curriculum.metrics()
         if self.env_pool is not None:
             metrics |= self.env_pool.metrics()
+        if self.grader_pool is not None:
+            metrics |= {f"grade/workers_{k.split('/')[1]}": v
+                        for k, v in self.grader_pool.metrics().items()}  # fmt: skip
         self.ledger.add_step(self.step_num, metrics)
         return metrics
 
@@ -548,6 +554,18 @@ class Trainer:
             },
         )
 
+    def _remote_graders(self) -> MixtureGrader:
+        """Each environment's grader (or the spec's), built and run in worker processes."""
+        ro, spec = self.config.rollout, self.config.grader.spec
+        pool = EnvWorkerPool(max(1, ro.env_workers), timeout_s=ro.grade_timeout_s,
+                             retries=ro.env_retries)  # fmt: skip
+        self.grader_pool = pool
+        return MixtureGrader({
+            env_id: pool.spec_grader(spec, slot.grader.name) if spec is not None
+            else pool.env_grader(env_id, slot.kwargs, slot.grader.name)
+            for env_id, slot in self.envs.slots.items()
+        })  # fmt: skip
+
     def _ray_pool(self, entries: list) -> Any:
         from rldojo.cluster.ray_pool import RayRolloutPool
 
@@ -567,8 +585,9 @@ class Trainer:
             self.ray_pool.close()
         if self.pipeline is not None:
             self.pipeline.close()
-        if self.env_pool is not None:
-            self.env_pool.close()
+        for pool in (self.env_pool, self.grader_pool):
+            if pool is not None:
+                pool.close()
         self.watchdog.close()
         self.ledger.close()
         close = getattr(self.grader, "close", None)
