@@ -1,9 +1,16 @@
-"""The cached decode loop: padding-invariance, logprobs, seeds, lengths, stops."""
+"""The cached decode loop: padding-invariance, logprobs, seeds, lengths, stops, and
+continuous batching (rows joining a running batch decode as if sampled alone)."""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
+import pytest
 import torch
 
+from rldojo.policy import sampling
+from rldojo.policy.sampling import sample
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.types import SamplingParams
 
@@ -88,3 +95,96 @@ def test_update_weights_copies_into_generation_model(tiny):
         assert after != before
     finally:
         model.load_state_dict(state)
+
+
+# Continuous batching: rows join a running decode batch as others finish.
+
+_TEXTS = [
+    "hi",
+    "what is 3+4? answer briefly",
+    "x",
+    "a much longer question about numbers, words and more words, so that this prompt is wider "
+    "than the cache of the rows already decoding when it joins them",
+    "count to ten",
+]
+
+
+@pytest.fixture(scope="module")
+def sharp(tiny):
+    """The tiny model with large random weights: its greedy tokens depend on the context
+    (the tiny model's own greedy output is one token repeated), in fp32."""
+    model, tok = tiny
+    model = copy.deepcopy(model).float().eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if weight.dim() == 2:
+                std = 0.5 if "embed" in name or "lm_head" in name else 0.3
+                weight.copy_(torch.randn(weight.shape, generator=gen) * std)
+    policy = TransformersPolicy(model, tok, generation_dtype=None)
+    return model, tok, _prompts(policy, _TEXTS)
+
+
+def _ends(model, tok, prompts, params):
+    """Token ids that end rows early: eos at different steps, and a stop string."""
+    free = [sample(model, tok, [p], params, set()).token_ids[0] for p in prompts]
+    return {free[0][2], free[1][6], free[2][0]}, tok.decode([free[4][4]])
+
+
+@pytest.mark.parametrize(("max_batch", "refill_at"), [(2, None), (3, 1), (4, 3)])
+def test_continuous_batching_matches_sampling_each_prompt_alone(
+    sharp, monkeypatch, max_batch, refill_at
+):
+    model, tok, prompts = sharp
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+    eos, stop = _ends(model, tok, prompts, params)
+    params = replace(params, stop=(stop,))
+    alone = [sample(model, tok, [p], params, eos) for p in prompts]
+    joins: list[int] = []
+    real_join = sampling._join
+    monkeypatch.setattr(sampling, "_join", lambda a, b: joins.append(1) or real_join(a, b))
+    batch = sample(model, tok, prompts, params, eos, max_batch=max_batch, refill_at=refill_at)
+    assert len({len(t) for t in batch.token_ids}) >= 3  # rows finish at different steps
+    assert joins  # some prompts were prefilled while other rows were decoding
+    for row, ref in enumerate(alone):
+        assert batch.token_ids[row] == ref.token_ids[0]
+        assert batch.finish_reasons[row] == ref.finish_reasons[0]
+        assert torch.allclose(torch.tensor(batch.logprobs[row]), torch.tensor(ref.logprobs[0]))
+        assert torch.allclose(torch.tensor(batch.entropies[row]), torch.tensor(ref.entropies[0]))
+
+
+def test_max_batch_bounds_the_decode_batch(sharp):
+    model, tok, prompts = sharp
+    sizes: list[int] = []
+
+    def counting(**kwargs):
+        sizes.append(kwargs["input_ids"].shape[0])
+        return model(**kwargs)
+
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=0)
+    sample(counting, tok, prompts, params, {int(tok.eos_token_id)}, max_batch=2)
+    assert max(sizes) == 2
+    assert len(sizes) >= 6 * 3  # 5 prompts through 2 slots take at least 3 rounds of 6 steps
+
+
+def test_seeded_samples_do_not_depend_on_max_batch(sharp):
+    model, tok, prompts = sharp
+    # T = 0.5: at T = 1 this random model's tails are flat enough that float noise of the
+    # batch composition can move the cdf past a uniform draw (one tail token for its neighbour).
+    params = SamplingParams(max_new_tokens=10, temperature=0.5, seed=7)
+    eos, _ = _ends(model, tok, prompts, params)
+    runs = [sample(model, tok, prompts, params, eos, max_batch=b) for b in (None, 2, 3, 2)]
+    assert len({len(t) for t in runs[0].token_ids}) >= 2  # rows finish at different steps
+    assert all(r.token_ids == runs[0].token_ids for r in runs)
+    assert all(r.finish_reasons == runs[0].finish_reasons for r in runs)
+    other = sample(model, tok, prompts, replace(params, seed=8), eos, max_batch=2)
+    assert other.token_ids != runs[0].token_ids
+
+
+def test_policy_max_batch_and_its_chunk_size_alias(tiny):
+    model, tok = tiny
+    assert TransformersPolicy(model, tok, generation_dtype=None).max_batch == 64
+    assert TransformersPolicy(model, tok, generation_dtype=None, chunk_size=3).max_batch == 3
+    assert TransformersPolicy(model, tok, generation_dtype=None, max_batch=5).max_batch == 5
+    with pytest.raises(ValueError, match="chunk_size"):
+        TransformersPolicy(model, tok, generation_dtype=None, max_batch=2, chunk_size=3)
