@@ -64,7 +64,7 @@ def test_async_pipeline_generates_on_ray_actors(tmp_path):
     try:
         worker_pids = set(trainer.ray_pool.pids())
         metrics = [trainer.step() for _ in range(3)]
-        rows = [r for _, r, _ in trainer.ledger.find_round(0, 101)]  # the producer's first
+        rows = [r for _, r, _ in trainer.ledger.find_round(None, 100)]  # producer batch 0
         published = trainer.ray_pool._published[0]
     finally:
         trainer.close()
@@ -73,3 +73,37 @@ def test_async_pipeline_generates_on_ray_actors(tmp_path):
     assert published == 3  # one snapshot per optimizer step
     pids = {r.info["worker_pid"] for r in rows}
     assert pids and pids <= worker_pids and os.getpid() not in pids
+
+
+def test_worker_killed_mid_rollout_is_replaced_and_its_share_rerun(tmp_path):
+    """A Ray worker dies while its share is in flight (not between steps): the pool
+    replaces it, re-sends the share, and the step completes with every sample graded."""
+    import threading
+    import time
+
+    overrides = [*OVERRIDES, "sampling.max_new_tokens=24", f"run.output_dir={tmp_path}"]
+    trainer = Trainer(load_config(None, overrides), tmp_path / "m")
+    try:
+        pool = trainer.ray_pool
+        pool.pids()  # both actors up
+        victim = pool.actors[0]
+        original = pool._send
+        killed = threading.Event()
+
+        def send_then_kill(w, share, sampling, published):
+            ref = original(w, share, sampling, published)
+            if w == 0 and not killed.is_set():  # the first share to actor 0, once sent
+                killed.set()
+                threading.Timer(0.05, ray.kill, (victim,), {"no_restart": True}).start()
+            return ref
+
+        pool._send = send_then_kill
+        started = time.monotonic()
+        metrics = trainer.step()
+        statuses = trainer.ledger.status_counts()
+    finally:
+        trainer.close()
+    assert killed.is_set() and pool.replaced >= 1
+    assert time.monotonic() - started < 120
+    assert metrics["rollout/samples"] == 4
+    assert statuses == {"ok/ok": 4}

@@ -109,6 +109,7 @@ class _Worker:
         self.conn = Connection(mine.detach())
         self.conn.send(sys.path)
         self.episodes = 0  # open environments on this worker
+        self.in_flight = 0  # calls waiting on it
         self._pending: dict[int, tuple[asyncio.Future, asyncio.AbstractEventLoop]] = {}
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # calls come from several event loops' threads
@@ -165,6 +166,19 @@ class _Worker:
         the call times out. If another call holds the loop, wait for that one's fate (its
         own timeout kills the worker and this episode replays), one more timeout at most."""
         rid, fut = self._submit(op, key, args)
+        self.in_flight += 1
+        try:
+            return await self._wait(op, key, rid, fut, timeout_s)
+        finally:
+            self.in_flight -= 1
+
+    def load(self) -> int:
+        """How busy it is, for placing new work: resident episodes plus calls in flight."""
+        return self.episodes + self.in_flight
+
+    async def _wait(
+        self, op: str, key: int, rid: int, fut: asyncio.Future, timeout_s: float | None
+    ) -> Any:
         if timeout_s is None:
             return await fut
         loop = asyncio.get_running_loop()
@@ -254,6 +268,7 @@ class EnvWorkerPool:
         self._slots: list[_Worker | None] = [None] * workers
         self._lock = threading.Lock()
         self._keys = itertools.count()
+        self._factories: dict[str, bytes] = {}
         self.started = 0  # worker processes started (the first N, then replacements)
         self.replays = 0  # episodes replayed after their worker died
         self.regrades = 0  # grader calls retried after their worker died
@@ -273,11 +288,12 @@ class EnvWorkerPool:
                 if w is None or not w.is_alive():
                     self._slots[i] = _Worker(f"rldojo-env-{i}")
                     self.started += 1
-            return min((w for w in self._slots if w is not None), key=lambda w: w.episodes)
+            return min((w for w in self._slots if w is not None), key=_Worker.load)
 
     def make_env(self, env_id: str, kwargs: dict[str, Any]) -> RemoteEnv:
-        factory = resolve_factory(env_id)
-        return RemoteEnv(self, env_id, _dumps(factory), dict(kwargs), next(self._keys))
+        if env_id not in self._factories:  # pickled once per environment id
+            self._factories[env_id] = _dumps(resolve_factory(env_id))
+        return RemoteEnv(self, env_id, self._factories[env_id], dict(kwargs), next(self._keys))
 
     def env_grader(self, env_id: str, kwargs: dict[str, Any], name: str) -> RemoteGrader:
         """The default grader of `env_id`, run in the workers."""
