@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine_load import cpu_probe, load_average  # benchmarks/ is on sys.path
 
 from rldojo.envs.registry import make_env
 from rldojo.policy.models import load_model
@@ -50,21 +51,6 @@ CLEAN_PROBE = 0.75
 CLEAN_BUSY = 0.85
 """... and its CPU seconds reach this share of threads x wall seconds: when another job
 takes a core mid-run, OpenMP's threads wait for each other and CPU/wall drops towards 1."""
-
-
-def load_average() -> float:
-    """1-minute load average: other work on the machine inflates wall times."""
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def cpu_probe() -> float:
-    """GFLOP/s of a fixed fp32 matmul loop (~0.1 s): low values mean a busy machine."""
-    a = torch.ones(1024, 1024)
-    a @ a  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(8):
-        a @ a
-    return 8 * 2 * 1024**3 / (time.perf_counter() - t0) / 1e9
 
 
 class CountingModel:

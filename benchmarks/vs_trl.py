@@ -60,6 +60,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine_load import cpu_probe, load_average  # benchmarks/ is on sys.path
+
 RESULTS = Path(__file__).resolve().parent / "results" / "vs_trl.json"
 TIME_TARGET = 0.7
 """rldojo step time / TRL step time must be at most this (the issue's target)."""
@@ -109,23 +111,6 @@ def rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def load_average() -> float:
-    """1-minute load average: other work on the machine inflates wall times."""
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def cpu_probe() -> float:
-    """GFLOP/s of a fixed fp32 matmul loop (~0.1 s): low values mean a busy machine."""
-    import torch
-
-    a = torch.ones(1024, 1024)
-    a @ a  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(8):
-        a @ a
-    return 8 * 2 * 1024**3 / (time.perf_counter() - t0) / 1e9
 
 
 def git_state() -> dict[str, Any]:
