@@ -173,7 +173,7 @@ def test_trainer_entropy_source_matches_the_sampler(tmp_path):
         groups, *_ = trainer._loop.run_until_complete(trainer.collect_groups())
         rollouts = [r for g in groups for r in g.rollouts]
         batch = build_token_batch(rollouts, trainer.tokenizer.pad_token_id)
-        recomputed = trainer._entropy(batch)  # [B, T]
+        recomputed = trainer.update.entropy(batch)  # [B, T]
     finally:
         trainer.close()
     mask = batch.policy_mask

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import ctypes
 import math
 import os
 import random
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,27 +39,10 @@ from rldojo.rollout.pipeline import AsyncRollouts, Watchdog
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
-from rldojo.train.batch import TokenBatch, build_token_batch, completion_logits
+from rldojo.train.batch import build_token_batch
 from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
+from rldojo.train.update import PolicyUpdate, token_advantages
 from rldojo.types import Rollout, SamplingParams, Score, Task
-
-
-def release_freed_memory() -> None:
-    """Return freed heap pages to the OS (glibc keeps them, so RSS creeps step to step)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
-
-
-def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) -> torch.Tensor:
-    """Sequence advantages [B] broadcast to tokens [B, T], plus any per-token rewards."""
-    out = advantages[:, None].expand(-1, t).clone()  # [B, T]
-    for row, score in enumerate(scores):
-        if score.token_rewards:
-            extra = torch.tensor(score.token_rewards[:t], dtype=out.dtype)  # [T']
-            out[row, : extra.shape[0]] += extra
-    return out
 
 
 def _load_grader(spec: Any) -> Any:
@@ -156,6 +137,7 @@ class Trainer:
             weight_decay=cfg.optim.weight_decay,
             fused=True,
         )
+        self.update = PolicyUpdate(self.model, self.ref_model, self.optimizer, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_lambda(s, cfg.optim.warmup_steps, cfg.run.steps, cfg.optim.schedule),
@@ -350,14 +332,14 @@ class Trainer:
         )  # [B]
         batch = build_token_batch(rollouts, self.tokenizer.pad_token_id, group_ids.tolist())
         entropy = (
-            batch.sampler_entropy if lc.entropy_source == "sampler" else self._entropy(batch)
+            batch.sampler_entropy if lc.entropy_source == "sampler" else self.update.entropy(batch)
         )  # [B, T]
         selected = losses.high_entropy_mask(
             entropy, batch.policy_mask, lc.rho, lc.scope, cfg.optim.micro_batch_size
         )  # [B, T]
         num_tokens = losses.loss_normaliser(selected, batch.policy_mask, lc.normaliser)
         token_adv = token_advantages(advantages, scores, batch.policy_mask.shape[1])  # [B, T]
-        metrics = self._optimize(batch, token_adv, selected, num_tokens)
+        metrics = self.update.optimize(batch, token_adv, selected, num_tokens, self.policy_updates)
         self.policy.update_weights()
         self.policy_updates += 1
         if self.ray_pool is not None:  # here, not in a rollout thread: the optimizer is idle
@@ -376,92 +358,6 @@ class Trainer:
         metrics["train/sequences"] = batch.size
         return metrics
 
-    def _optimize(
-        self, batch: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, num_tokens: float
-    ) -> dict[str, Any]:
-        """Accumulate the loss over micro-batches, clip, and take one AdamW step."""
-        cfg = self.config
-        sums: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, batch.size, cfg.optim.micro_batch_size):
-            index = slice(start, start + cfg.optim.micro_batch_size)
-            m = self._microbatch_backward(batch.rows(index), advantages[index], selected[index],
-                                          num_tokens)  # fmt: skip
-            weight = m.get("tokens", 0.0)
-            for key, value in m.items():
-                scaled = value if key in ("tokens", "loss", "mismatch", "tis") else value * weight
-                sums[key] = sums.get(key, 0.0) + scaled
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before generating
-        release_freed_memory()
-        tokens = max(sums.pop("tokens", 0.0), 1.0)
-        n_policy = max(int(batch.policy_mask.sum()), 1)
-        out = {"loss/policy": sums.pop("loss"), "loss/tokens": tokens}
-        out["policy/logprob_mismatch"] = sums.pop("mismatch") / n_policy
-        tis = sums.pop("tis")
-        if cfg.loss.tis_cap is not None:
-            out["policy/tis_weight_mean"] = tis / n_policy
-        out |= {f"loss/{k}": v / tokens for k, v in sums.items()}
-        out["optim/grad_norm"] = float(grad_norm)
-        return out
-
-    def _microbatch_backward(
-        self, mb: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, num_tokens: float
-    ) -> dict[str, float]:
-        """Forward, clipped loss and backward for one micro-batch; returns its metrics."""
-        cfg, lc = self.config, self.config.loss
-        temperature = cfg.sampling.temperature or 1.0
-        t = mb.completion_ids.shape[1]
-        with self._autocast():
-            logits = completion_logits(self.model, mb, share_prefix=cfg.optim.share_prompt)
-        logprobs, _ = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T]
-        ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
-        behaviour = mb.behaviour_logprobs  # [M, T]
-        # Stale rows (sampled by other weights: older ones, or ones a crash lost) take the
-        # PPO ratio against their behaviour log-probs; on-policy rows use the current ones
-        # (ratio 1) with a truncated IS weight for the sampler's numeric mismatch (bf16
-        # sampler, fp32 trainer).
-        versions = mb.versions if mb.versions is not None else torch.zeros(mb.size)  # [M]
-        stale = (versions != self.policy_updates)[:, None]  # [M, 1] (newer: from lost weights)
-        old = torch.where(stale, behaviour, logprobs.detach())  # [M, T]
-        is_weights = None
-        if lc.tis_cap is not None:
-            ratio = (logprobs.detach() - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
-            is_weights = torch.where(stale, torch.ones_like(ratio), ratio)  # [M, T]
-        loss, m = losses.policy_loss(
-            logprobs, old, advantages[:, :t], selected[:, :t],
-            eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
-            num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef, is_weights=is_weights,
-        )  # fmt: skip
-        loss.backward()
-        policy = mb.policy_mask  # [M, T]
-        m["loss"] = float(loss.detach())
-        m["mismatch"] = float((logprobs.detach() - behaviour).abs()[policy].sum())
-        m["tis"] = float(is_weights[policy].sum()) if is_weights is not None else 0.0
-        return m
-
-    @torch.no_grad()
-    def _entropy(self, batch: TokenBatch) -> torch.Tensor:
-        """Entropy of the current policy at the sampling temperature (the `trainer` source)."""
-        temperature = self.config.sampling.temperature or 1.0
-        rows = []
-        for start in range(0, batch.size, self.config.optim.micro_batch_size):
-            mb = batch.rows(slice(start, start + self.config.optim.micro_batch_size))
-            with self._autocast():
-                logits = completion_logits(self.model, mb)  # [M, T', V]
-            _, ent = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T']
-            rows.append(
-                torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1]))
-            )
-        return torch.cat(rows)  # [B, T]
-
-    @torch.no_grad()
-    def _ref_logprobs(self, mb: TokenBatch, temperature: float) -> torch.Tensor:
-        with self._autocast():
-            logits = completion_logits(self.ref_model, mb)  # [M, T, V]
-        return losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)[0]  # [M, T]
-
     # ------------------------------------------------------------------ helpers
 
     def make_env(self, task: Task) -> Any:
@@ -473,11 +369,6 @@ class Trainer:
     def sampling(self, seed: int | None = None) -> SamplingParams:
         s = self.config.sampling
         return SamplingParams(s.max_new_tokens, s.temperature, s.top_p, tuple(s.stop), seed)
-
-    def _autocast(self) -> Any:
-        if self.config.model.autocast_bf16:
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-        return nullcontext()
 
     def draw_tasks(self, n: int) -> list[Task]:
         """The next `n` training tasks (by environment weight; seeded, resumable order),

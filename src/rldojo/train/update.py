@@ -1,0 +1,151 @@
+"""The policy update: micro-batched clipped loss, gradient accumulation, one AdamW step.
+
+`Trainer.train_on` decides what to train on (advantages, the forking-token mask);
+`PolicyUpdate.optimize` does the arithmetic on the model: per micro-batch a forward pass
+(the group's shared prompt once, see `train.batch`), the loss of `train.losses` with the
+behaviour-policy ratio for rows sampled by other weights and a truncated IS weight for
+the sampler's numeric mismatch, backward; then clipping and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from rldojo.config import TrainConfig
+from rldojo.train import losses
+from rldojo.train.batch import TokenBatch, completion_logits
+from rldojo.types import Score
+
+
+def release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc keeps them, so RSS creeps step to step)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) -> torch.Tensor:
+    """Sequence advantages [B] broadcast to tokens [B, T], plus any per-token rewards."""
+    out = advantages[:, None].expand(-1, t).clone()  # [B, T]
+    for row, score in enumerate(scores):
+        if score.token_rewards:
+            extra = torch.tensor(score.token_rewards[:t], dtype=out.dtype)  # [T']
+            out[row, : extra.shape[0]] += extra
+    return out
+
+
+class PolicyUpdate:
+    """Owns nothing but references: the trained model, the KL reference, the optimizer."""
+
+    def __init__(
+        self, model: Any, ref_model: Any, optimizer: torch.optim.Optimizer, config: TrainConfig
+    ) -> None:
+        self.model, self.ref_model = model, ref_model
+        self.optimizer, self.config = optimizer, config
+
+    def _autocast(self) -> Any:
+        if self.config.model.autocast_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return nullcontext()
+
+    def optimize(
+        self,
+        batch: TokenBatch,
+        advantages: torch.Tensor,
+        selected: torch.Tensor,
+        num_tokens: float,
+        version: int,
+    ) -> dict[str, Any]:
+        """Accumulate the loss over micro-batches, clip, and take one AdamW step."""
+        cfg = self.config
+        sums: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, batch.size, cfg.optim.micro_batch_size):
+            index = slice(start, start + cfg.optim.micro_batch_size)
+            m = self._microbatch_backward(batch.rows(index), advantages[index], selected[index],
+                                          num_tokens, version)  # fmt: skip
+            weight = m.get("tokens", 0.0)
+            for key, value in m.items():
+                scaled = value if key in ("tokens", "loss", "mismatch", "tis") else value * weight
+                sums[key] = sums.get(key, 0.0) + scaled
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before generating
+        release_freed_memory()
+        tokens = max(sums.pop("tokens", 0.0), 1.0)
+        n_policy = max(int(batch.policy_mask.sum()), 1)
+        out = {"loss/policy": sums.pop("loss"), "loss/tokens": tokens}
+        out["policy/logprob_mismatch"] = sums.pop("mismatch") / n_policy
+        tis = sums.pop("tis")
+        if cfg.loss.tis_cap is not None:
+            out["policy/tis_weight_mean"] = tis / n_policy
+        out |= {f"loss/{k}": v / tokens for k, v in sums.items()}
+        out["optim/grad_norm"] = float(grad_norm)
+        return out
+
+    def _microbatch_backward(
+        self,
+        mb: TokenBatch,
+        advantages: torch.Tensor,
+        selected: torch.Tensor,
+        num_tokens: float,
+        version: int,
+    ) -> dict[str, float]:
+        """Forward, clipped loss and backward for one micro-batch; returns its metrics."""
+        cfg, lc = self.config, self.config.loss
+        temperature = cfg.sampling.temperature or 1.0
+        t = mb.completion_ids.shape[1]
+        with self._autocast():
+            logits = completion_logits(self.model, mb, share_prefix=cfg.optim.share_prompt)
+        logprobs, _ = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T]
+        ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
+        behaviour = mb.behaviour_logprobs  # [M, T]
+        # Stale rows (sampled by other weights: older ones, or ones a crash lost) take the
+        # PPO ratio against their behaviour log-probs; on-policy rows use the current ones
+        # (ratio 1) with a truncated IS weight for the sampler's numeric mismatch (bf16
+        # sampler, fp32 trainer).
+        versions = mb.versions if mb.versions is not None else torch.zeros(mb.size)  # [M]
+        stale = (versions != version)[:, None]  # [M, 1] (newer: from lost weights)
+        old = torch.where(stale, behaviour, logprobs.detach())  # [M, T]
+        is_weights = None
+        if lc.tis_cap is not None:
+            ratio = (logprobs.detach() - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
+            is_weights = torch.where(stale, torch.ones_like(ratio), ratio)  # [M, T]
+        loss, m = losses.policy_loss(
+            logprobs, old, advantages[:, :t], selected[:, :t],
+            eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
+            num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef, is_weights=is_weights,
+        )  # fmt: skip
+        loss.backward()
+        policy = mb.policy_mask  # [M, T]
+        m["loss"] = float(loss.detach())
+        m["mismatch"] = float((logprobs.detach() - behaviour).abs()[policy].sum())
+        m["tis"] = float(is_weights[policy].sum()) if is_weights is not None else 0.0
+        return m
+
+    @torch.no_grad()
+    def entropy(self, batch: TokenBatch) -> torch.Tensor:
+        """Entropy of the current policy at the sampling temperature (the `trainer` source)."""
+        temperature = self.config.sampling.temperature or 1.0
+        rows = []
+        for start in range(0, batch.size, self.config.optim.micro_batch_size):
+            mb = batch.rows(slice(start, start + self.config.optim.micro_batch_size))
+            with self._autocast():
+                logits = completion_logits(self.model, mb)  # [M, T', V]
+            _, ent = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T']
+            rows.append(
+                torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1]))
+            )
+        return torch.cat(rows)  # [B, T]
+
+    @torch.no_grad()
+    def _ref_logprobs(self, mb: TokenBatch, temperature: float) -> torch.Tensor:
+        with self._autocast():
+            logits = completion_logits(self.ref_model, mb)  # [M, T, V]
+        return losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)[0]  # [M, T]
