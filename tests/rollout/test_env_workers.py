@@ -28,8 +28,12 @@ class CountEnv:
 
     env_id = "count-v1"
 
-    def __init__(self, mode: str = "ok", bad: int = 1, marker: str = "", noisy: bool = False):
+    def __init__(
+        self, mode: str = "ok", bad: int = 1, marker: str = "", noisy: bool = False,
+        noisy_steps: bool = False,
+    ):  # fmt: skip
         self.mode, self.bad, self.marker, self.noisy = mode, bad, marker, noisy
+        self.noisy_steps = noisy_steps
         self.task: Task | None = None
         self.turn = 0
 
@@ -48,7 +52,8 @@ class CountEnv:
             self._misbehave()
             if self.mode == "slow":
                 await asyncio.sleep(0.6)
-        reply = {"role": "user", "content": f"turn {self.turn} got {action} (pid-free)"}
+        noise = f" {random.random()}" if self.noisy_steps else ""
+        reply = {"role": "user", "content": f"turn {self.turn} got {action}{noise}"}
         return StepResult([reply], done=self.turn >= 3, info={"turns": self.turn})
 
     def _misbehave(self) -> None:
@@ -163,6 +168,13 @@ def test_nondeterministic_env_is_not_replayed_silently(pool, tmp_path):
     marker = str(tmp_path / "died")
     rollouts = _run(_remote(pool, mode="exit_once", bad=0, marker=marker, noisy=True))
     assert rollouts[0].status == "env_error"
+    assert "not deterministic" in rollouts[0].error
+
+
+def test_replay_checks_every_reply_not_only_the_opening(pool, tmp_path):
+    marker = str(tmp_path / "died")
+    rollouts = _run(_remote(pool, mode="exit_once", bad=0, marker=marker, noisy_steps=True))
+    assert rollouts[0].status == "env_error"  # turn 1's reply differed on replay
     assert "not deterministic" in rollouts[0].error
 
 

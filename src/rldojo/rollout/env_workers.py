@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import importlib.machinery
 import itertools
 import logging
@@ -332,7 +333,7 @@ class RemoteEnv:
         self._worker: _Worker | None = None
         self._start: tuple[Task, int] | None = None
         self._opening: list[Any] = []  # the reset observation's messages (replay check)
-        self._actions: list[str] = []
+        self._actions: list[tuple[str, str]] = []  # (action, digest of the env's reply)
         self.replays = 0
 
     async def reset(self, task: Task, *, seed: int) -> Observation:
@@ -347,7 +348,7 @@ class RemoteEnv:
             return result
 
         result = await self._with_replay(step)
-        self._actions.append(action)
+        self._actions.append((action, _digest(result)))
         if self.replays:
             result = StepResult(result.messages, result.done, {**result.info,
                                 "env/replays": self.replays})  # fmt: skip
@@ -401,14 +402,24 @@ class RemoteEnv:
                 await asyncio.sleep(self._pool.backoff_s * 2 ** min(self.replays - 1, 4))
 
     async def _replay(self, worker: _Worker) -> None:
+        """Rebuild the episode: the opening and every reply must be what they were."""
         obs = await self._open_and_reset(worker)
-        if list(obs.messages) != self._opening:
+        same = list(obs.messages) == self._opening
+        for action, digest in self._actions:
+            if not same:
+                break
+            same = _digest(await self._call(worker, "step", action)) == digest
+        if not same:
             raise EnvCallError(
-                f"{self.env_id} is not deterministic for its task and seed: cannot replay "
-                "the episode after its worker died"
+                f"{self.env_id} is not deterministic for its task, seed and actions: cannot "
+                "replay the episode after its worker died"
             )
-        for action in self._actions:
-            await self._call(worker, "step", action)
+
+
+def _digest(result: StepResult) -> str:
+    """What a replayed step must reproduce: the env's messages and whether it ended."""
+    text = repr((result.messages, result.done)).encode()
+    return hashlib.blake2b(text, digest_size=16).hexdigest()
 
 
 class RemoteGrader:
