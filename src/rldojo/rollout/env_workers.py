@@ -14,9 +14,10 @@ synchronously, leaks memory or segfaults then costs one worker, not the run:
 - a worker dies under an episode (crash, OOM kill, `kill -9`, or killed for another
   episode's timeout): the episode is replayed on a live worker with exponential backoff:
   a fresh environment, `reset` with the same task and seed, the same actions; its opening
-  must match (the `Env` contract: the same task and seed give the same start), else the
-  rollout is `env_error`. A death during the episode's own call counts against its
-  `retries` (its environment probably did it); a neighbour's does not (bounded anyway).
+  and every reply must match (the `Env` contract: the same task and seed give the same
+  episode), else the rollout is `env_error`. A death during the episode's own call
+  counts against its `retries` (its environment probably did it); a neighbour's does
+  not (bounded anyway).
 
 Workers are fresh interpreters (`rldojo.rollout.env_worker`), not forks: the
 trainer has torch and producer threads a fork would copy mid-flight, and multiprocessing's

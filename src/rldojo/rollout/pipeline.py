@@ -84,6 +84,8 @@ class AsyncRollouts:
                 if not self._ahead.acquire(timeout=0.2):
                     self._set_activity("waiting for the trainer (lag bound)")
                     continue
+                if self._stop.is_set():  # woken by `close`, not by the trainer: no new batch
+                    break
                 self._queue.put(loop.run_until_complete(self._produce(ledger)))
         except BaseException as exc:  # surfaced to the trainer by `take`
             self._error = exc
