@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from rldojo.graders.isolation import (
-    IsolatedPool,
     IsolatedWorker,
     IsolationCrash,
     IsolationTimeout,
     RemoteError,
 )
+from rldojo.graders.isolation_pool import IsolatedPool
 
 
 def _alive(pid: int) -> bool:

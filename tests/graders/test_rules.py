@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rldojo.graders.isolation import IsolatedPool
+from rldojo.graders.isolation_pool import IsolatedPool
 from rldojo.graders.rules import (
     ExactMatchGrader,
     FormatGrader,

@@ -22,13 +22,13 @@ from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_rew
 from rldojo.graders.group_judge import GroupJudgeGrader
 from rldojo.graders.injection import INJECTION_FLAG, detect_injection
 from rldojo.graders.isolation import (
-    IsolatedPool,
     IsolatedWorker,
     IsolationCrash,
     IsolationError,
     IsolationTimeout,
     RemoteError,
 )
+from rldojo.graders.isolation_pool import IsolatedPool
 from rldojo.graders.judge import (
     EngineJudge,
     JudgeClient,

@@ -38,11 +38,11 @@ from importlib import metadata
 from typing import Any
 
 from rldojo.graders.isolation import (
-    IsolatedPool,
     IsolationError,
     IsolationTimeout,
     RemoteError,
 )
+from rldojo.graders.isolation_pool import IsolatedPool
 from rldojo.types import Rollout, Score, ScoreStatus, Task
 
 __all__ = [
