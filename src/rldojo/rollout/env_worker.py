@@ -122,6 +122,11 @@ def _serve(conn: Any, running: RunningCall) -> None:
     loop = asyncio.new_event_loop()
     envs: dict[int, Any] = {}
     tasks: dict[int, asyncio.Task] = {}  # also the strong references to running calls
+    sending = threading.Lock()  # the loop thread and the reader thread both answer
+
+    def send(reply: tuple) -> None:
+        with sending:
+            conn.send(reply)
 
     async def handle(rid: int, op: str, key: int, args: tuple) -> None:
         try:
@@ -132,9 +137,9 @@ def _serve(conn: Any, running: RunningCall) -> None:
         finally:
             tasks.pop(rid, None)
         try:
-            conn.send(reply)
+            send(reply)
         except Exception as exc:  # e.g. an unpicklable observation
-            conn.send((rid, False, f"cannot send the result of {op}: {exc}"))
+            send((rid, False, f"cannot send the result of {op}: {exc}"))
 
     def start(rid: int, op: str, key: int, args: tuple) -> None:
         tasks[rid] = loop.create_task(handle(rid, op, key, args))
@@ -145,9 +150,11 @@ def _serve(conn: Any, running: RunningCall) -> None:
                 rid, op, key, args = conn.recv()
                 if op == "who":
                     now = running.get()
-                    conn.send((rid, True, None if now < 0 else now))
-                elif op == "cancel" and args[0] in tasks:
-                    loop.call_soon_threadsafe(tasks[args[0]].cancel)
+                    send((rid, True, None if now < 0 else now))
+                elif op == "cancel":
+                    task = tasks.get(args[0])
+                    if task is not None:
+                        loop.call_soon_threadsafe(task.cancel)
                 else:
                     loop.call_soon_threadsafe(start, rid, op, key, args)
         except (EOFError, OSError):

@@ -180,15 +180,15 @@ class Watchdog:
         self.activity, self.since = text, time.monotonic()
 
     def _watch(self) -> None:
-        warned_for: tuple[str | None, float] = (None, 0.0)
+        warned_for = (0.0, 0.0)  # (phase start, how long it had lasted at the last warning)
         while not self._stop.wait(min(1.0, self.warn_s / 4)):
             activity, since = self.activity, self.since
             busy = time.monotonic() - since
-            last = warned_for[1] if warned_for[0] == activity else 0.0
+            last = warned_for[1] if warned_for[0] == since else 0.0
             if activity is not None and busy - last >= self.warn_s:
                 log.warning("still %s (for %.1fs)", activity, busy)
                 self.warnings += 1
-                warned_for = (activity, busy)
+                warned_for = (since, busy)
 
     def close(self) -> None:
         self._stop.set()
