@@ -74,6 +74,10 @@ class RolloutConfig(_Section):
     """Drop groups whose rewards do not vary (no signal) and draw more tasks (DAPO)."""
     max_extra_rounds: int = Field(1, ge=0)
     """Extra draws to refill dropped groups before training on a partial batch."""
+    oversample: float = Field(1.0, ge=1.0)
+    """Over-provisioning: each draw takes `oversample` x the tasks still needed, so one
+    round more often yields `prompts_per_step` informative groups; a step trains at most
+    `prompts_per_step` groups and the rest stay untrained (`rollout/groups_surplus`)."""
     max_turns: int = Field(8, gt=0)
     """Policy turns per episode before it is cut (status `truncated`)."""
     max_episode_tokens: int | None = Field(None, gt=0)

@@ -33,8 +33,8 @@ class CoinGrader:
 register("coin-v1", CoinEnv, overwrite=True)
 
 
-def _trainer(tmp_path, lag):
-    cfg = load_config(None, [
+def _trainer(tmp_path, lag, *extra):
+    cfg = load_config(None, [*extra,
         "model.name=tiny-random", "model.autocast_bf16=false", "env.id=coin-v1",
         "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.dynamic_sampling=false",
         f"rollout.max_policy_lag={lag}", "sampling.max_new_tokens=6", "sampling.temperature=1.0",
@@ -135,3 +135,19 @@ def test_async_resume_redraws_untrained_batches_and_reuses_committed_ones(tmp_pa
     trained = {r: {tr for rr, _, _, tr in rows if rr == r} for r in {r for r, *_ in rows}}
     assert trained[100] == {1} and trained[101] == {2}  # from before the checkpoint
     assert trained[102] == {3} and trained[103] == {4}  # redone after the resume, once
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_oversampling_draws_more_and_trains_prompts_per_step_groups(tmp_path, lag):
+    trainer = _trainer(tmp_path, lag, "rollout.oversample=2.0")
+    try:
+        metrics = trainer.step()
+        rows = trainer.ledger._db.execute("SELECT trained FROM rollouts").fetchall()
+    finally:
+        trainer.close()
+    assert len(rows) >= 4 * 4  # 2 prompts x 2.0 drawn, G = 4 each
+    informative = metrics["rollout/groups_informative"]
+    assert informative >= 2  # coin rewards: nearly every group varies
+    assert metrics["rollout/groups_surplus"] == informative - 2
+    assert metrics["train/sequences"] == 2 * 4  # never more than prompts_per_step groups
+    assert sum(1 for (t,) in rows if t) == 2 * 4

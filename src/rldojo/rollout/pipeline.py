@@ -99,7 +99,7 @@ class AsyncRollouts:
         t = self.trainer
         cfg = t.config
         b = self.batches
-        tasks = t.draw_tasks(cfg.rollout.prompts_per_step)
+        tasks = t.draw_tasks(t.oversampled(cfg.rollout.prompts_per_step))
         draw_state = t.draw_state()
         seed = cfg.run.seed * 1_000_003 + b * 101 + 7
         self.batches += 1

@@ -175,7 +175,9 @@ class Trainer:
             self.watchdog.set(None)
         metrics = rollout_metrics(all_rollouts, all_scores, groups, self.config.rollout)
         metrics["rollout/extra_rounds"] = rounds
-        trained = [g for g in groups if g.informative]
+        informative = [g for g in groups if g.informative]
+        trained = informative[: self.config.rollout.prompts_per_step]  # the rest: untrained
+        metrics["rollout/groups_surplus"] = len(informative) - len(trained)
         if trained:
             t0 = time.perf_counter()
             metrics |= self.train_on(trained)
@@ -236,7 +238,7 @@ class Trainer:
         rounds = 0
         while True:
             need = ro.prompts_per_step - sum(g.informative for g in groups)
-            new = await self._roll_groups(self.draw_tasks(need), rounds, timing)
+            new = await self._roll_groups(self.draw_tasks(self.oversampled(need)), rounds, timing)
             if self.curriculum is not None:
                 for g in new:
                     self.curriculum.observe(g.task.id, g.rewards)
@@ -247,6 +249,10 @@ class Trainer:
             if full or not ro.dynamic_sampling or rounds >= ro.max_extra_rounds:
                 return groups, rollouts, scores, timing, rounds
             rounds += 1
+
+    def oversampled(self, need: int) -> int:
+        """How many tasks to draw for `need` informative groups (`rollout.oversample`)."""
+        return math.ceil(need * self.config.rollout.oversample - 1e-9)
 
     def requests(self, tasks: Sequence[Task], seed: int) -> list[tuple[Task, int, int]]:
         """G `(task, sample_index, seed)` requests per task, task i seeded `seed + i`."""
