@@ -72,9 +72,11 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path):
     assert any(m.get("optim/grad_norm", 0) > 0 for m in _metrics(tmp_path / "a"))
 
 
-def test_sigkill_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
-    run = tmp_path / "k"
-    overrides = [*BASE, "run.steps=6", f"run.output_dir={tmp_path}", "run.name=k"]
+def _kill_after_two_checkpoints(
+    run, overrides: list[str], delay_s: float = 0.0
+) -> subprocess.Popen[bytes]:
+    """Train with `overrides` in a subprocess; SIGKILL it `delay_s` after its second
+    checkpoint (two steps durable) and return the reaped process."""
     script = (
         f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "import test_resume  # registers parity-v1\n"
@@ -86,13 +88,20 @@ def test_sigkill_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
         [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # kill mid-run, once at least two steps are durable
-        ckpts = list((run / "checkpoints").glob("step_*")) if run.exists() else []
-        if len(ckpts) >= 2:
+    while time.monotonic() < deadline:
+        if run.exists() and len(list((run / "checkpoints").glob("step_*"))) >= 2:
             break
         time.sleep(0.05)
+    time.sleep(delay_s)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    return proc
+
+
+def test_sigkill_then_resume_loses_nothing_and_repeats_nothing(tmp_path):
+    run = tmp_path / "k"
+    overrides = [*BASE, "run.steps=6", f"run.output_dir={tmp_path}", "run.name=k"]
+    _kill_after_two_checkpoints(run, overrides)
     ledger = Ledger(run / "ledger.sqlite")
     before = ledger.count()
     ledger.close()
@@ -145,24 +154,7 @@ def test_async_sigkill_then_resume_commits_nothing_twice(tmp_path):
     run = tmp_path / "ak"
     overrides = [*BASE, "rollout.max_policy_lag=1", "rollout.dynamic_sampling=false",
                  "run.steps=6", f"run.output_dir={tmp_path}", "run.name=ak"]  # fmt: skip
-    script = (
-        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-        "import test_resume  # registers parity-v1\n"
-        "from rldojo.config import load_config\n"
-        "from rldojo.train.loop import run_training\n"
-        f"run_training(load_config(None, {overrides!r}))\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # after two checkpoints, somewhere inside a step
-        if run.exists() and len(list((run / "checkpoints").glob("step_*"))) >= 2:
-            break
-        time.sleep(0.05)
-    time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc = _kill_after_two_checkpoints(run, overrides, delay_s=0.1)  # inside a step
     assert proc.returncode == -signal.SIGKILL and not (run / "summary.json").exists()
     killed_at = len(list((run / "checkpoints").glob("step_*")))
     run_training(load_config(None, overrides), run_dir=run, resume=True)

@@ -17,7 +17,6 @@ steps are dropped on resume and written again as those steps are redone.
 from __future__ import annotations
 
 import json
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +29,7 @@ from rich.table import Table
 from rldojo.config import TrainConfig
 from rldojo.report.metrics import MetricsLogger
 from rldojo.store.checkpoint import latest_checkpoint
-from rldojo.train.trainer import Trainer
+from rldojo.train.trainer import Trainer, write_atomically
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -64,9 +63,7 @@ def _trim_logs(run_dir: Path, step: int | None) -> None:
                 continue
             if step is not None and record.get("step", 0) <= step:
                 kept.append(line + "\n")
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
+        write_atomically(path, "".join(kept))
 
 
 def _write_samples(run_dir: Path, step: int, trainer: Trainer) -> None:
