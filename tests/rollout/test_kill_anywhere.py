@@ -104,6 +104,7 @@ class _Observer:
         self.counts: dict[str, int] = {}
         self.open: list[str] = []
         self.dumps_in_add = 0
+        self.timer: threading.Timer | None = None
 
     def write(self, *words: Any) -> None:
         line = " ".join(map(str, [*words, f"{time.time():.4f}"])) + "\n"
@@ -127,11 +128,17 @@ class _Observer:
         if self._is("inside", phase, n):
             assert self.plan is not None
             how = f"inside:{phase}#{n}+{self.plan['delay']:.4f}s"
-            timer = threading.Timer(self.plan["delay"], self.kill, (how,))
-            timer.daemon = True
-            timer.start()
+            self.timer = threading.Timer(self.plan["delay"], self.kill, (how,))
+            self.timer.daemon = True
+            self.timer.start()
 
     def leave(self, phase: str) -> None:
+        n = self.counts[phase]
+        if self._is("inside", phase, n) and self.timer is not None and self.timer.is_alive():
+            # This occurrence ran faster than in the reference run: kill at its last
+            # instant rather than not at all (still inside the phase).
+            self.timer.cancel()
+            self.kill(f"inside:{phase}#{n} at its end (ran shorter than planned)")
         self.open.remove(phase)
         self.write("end", phase, self.counts[phase])
         if self._is("after", phase, self.counts[phase]):
