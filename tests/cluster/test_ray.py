@@ -18,6 +18,23 @@ OVERRIDES = [
 ]  # fmt: skip
 
 
+def _kill_and_wait(actor) -> None:
+    """Kill `actor` and wait until it is gone (`ray.kill` only asks for it)."""
+    import time
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            ray.get(actor.pid.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        assert time.monotonic() < deadline, "the killed actor still answers"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -46,7 +63,7 @@ def test_dead_worker_is_replaced_and_work_redispatched(tmp_path):
     trainer = Trainer(load_config(None, [*OVERRIDES, f"run.output_dir={tmp_path}"]), tmp_path / "d")
     try:
         pool = trainer.ray_pool
-        ray.kill(pool.actors[0], no_restart=True)  # a worker dies between steps
+        _kill_and_wait(pool.actors[0])  # a worker dies between steps
         metrics = trainer.step()
         statuses = trainer.ledger.status_counts()
     finally:
@@ -83,6 +100,9 @@ def test_worker_killed_mid_rollout_is_replaced_and_its_share_rerun(tmp_path):
 
     overrides = [*OVERRIDES, "sampling.max_new_tokens=24", f"run.output_dir={tmp_path}"]
     trainer = Trainer(load_config(None, overrides), tmp_path / "m")
+    # Weights that never arrive (a task no node can run): actor 0 fetches them for its
+    # first share, so that share cannot finish before the kill, however fast it would run.
+    never = ray.remote(resources={"rldojo-test-never": 1})(lambda: None).remote()
     try:
         pool = trainer.ray_pool
         pool.pids()  # both actors up
@@ -91,19 +111,22 @@ def test_worker_killed_mid_rollout_is_replaced_and_its_share_rerun(tmp_path):
         killed = threading.Event()
 
         def send_then_kill(w, share, sampling, published):
-            ref = original(w, share, sampling, published)
             if w == 0 and not killed.is_set():  # the first share to actor 0, once sent
+                ref = original(w, share, sampling, (published[0] - 1, [never]))
                 killed.set()
-                threading.Timer(0.05, ray.kill, (victim,), {"no_restart": True}).start()
-            return ref
+                _kill_and_wait(victim)
+                return ref
+            return original(w, share, sampling, published)
 
         pool._send = send_then_kill
         started = time.monotonic()
         metrics = trainer.step()
         statuses = trainer.ledger.status_counts()
     finally:
+        ray.cancel(never, force=True)
         trainer.close()
     assert killed.is_set() and pool.replaced >= 1
-    assert time.monotonic() - started < 120
+    # Found dead, not waited on until the pool's 600 s timeout.
+    assert time.monotonic() - started < 300
     assert metrics["rollout/samples"] == 4
     assert statuses == {"ok/ok": 4}

@@ -19,7 +19,10 @@ from rldojo.graders.code import (
 from rldojo.sandbox import SandboxPool, probe
 from rldojo.types import Rollout, Score, Task
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
+# Per-test limit: no test here is about timeouts, and on a loaded machine a test's child
+# process (fork, seccomp, importing the solution) may take far longer than usual.
+TEST_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def pool() -> Iterator[SandboxPool]:
 
 @pytest.fixture(scope="module")
 def grader(pool: SandboxPool) -> CodeTestsGrader:
-    return CodeTestsGrader(CodeGradingConfig(test_timeout_s=1.0), pool=pool)
+    return CodeTestsGrader(CodeGradingConfig(test_timeout_s=TEST_S), pool=pool)
 
 
 def grade(grader: CodeTestsGrader, info: dict, completion: str) -> Score:
@@ -70,7 +73,9 @@ def test_stdin_program_reading_the_expected_output(grader: CodeTestsGrader) -> N
 
 
 def test_partial_credit(pool: SandboxPool) -> None:
-    grader = CodeTestsGrader(CodeGradingConfig(partial_credit=True), pool=pool)
+    grader = CodeTestsGrader(
+        CodeGradingConfig(partial_credit=True, test_timeout_s=TEST_S), pool=pool
+    )
     info = {"entry_point": "f", "tests": [{"input": [i], "output": i * 2} for i in range(4)]}
     score = grade(grader, info, "def f(x):\n    return x * 2 if x < 2 else 0\n")
     assert score.value == 0.5 and score.components["tests/passed"] == 2.0
@@ -100,7 +105,9 @@ REPLAY_INFO = {
 
 
 def test_replay_suite_with_loops_and_helpers(pool: SandboxPool) -> None:
-    grader = CodeTestsGrader(CodeGradingConfig(partial_credit=True), pool=pool)
+    grader = CodeTestsGrader(
+        CodeGradingConfig(partial_credit=True, test_timeout_s=TEST_S), pool=pool
+    )
     good = grade(grader, REPLAY_INFO, "def double_all(xs):\n    return [2 * x for x in xs]\n")
     assert good.value == 1.0 and good.components["tests/total"] == 5.0
     bad = grade(grader, REPLAY_INFO, "def double_all(xs):\n    return xs\n")
@@ -108,7 +115,7 @@ def test_replay_suite_with_loops_and_helpers(pool: SandboxPool) -> None:
 
 
 def test_fork_bomb_between_tests_does_not_break_grading(pool: SandboxPool) -> None:
-    grader = CodeTestsGrader(CodeGradingConfig(allow_fork=True, test_timeout_s=2.0), pool=pool)
+    grader = CodeTestsGrader(CodeGradingConfig(allow_fork=True, test_timeout_s=TEST_S), pool=pool)
     info = {"entry_point": "f", "tests": [{"input": [i], "output": i} for i in range(3)]}
     code = (
         "import os\n"

@@ -16,7 +16,10 @@ from rldojo.graders.code import CodeGradingConfig, CodeTestsGrader
 from rldojo.sandbox import SandboxPool, probe
 from rldojo.types import Rollout, Score, Task
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
+# Per-test limit where timeouts are not under test: on a loaded machine a test's child
+# process (fork, seccomp, importing the solution) may take far longer than usual.
+TEST_S = 10.0
 
 TASK = Task(
     id="add",
@@ -31,13 +34,18 @@ CORRECT = "def add(a, b):\n    return a + b\n"
 
 
 @pytest.fixture(scope="module")
-def grader() -> Iterator[CodeTestsGrader]:
+def pool() -> Iterator[SandboxPool]:
     if not probe().strict:
         if os.environ.get("CI") == "true":
             pytest.fail("CI requires the strict sandbox:\n" + probe().summary)
         pytest.skip("strict sandbox unavailable:\n" + probe().summary)
-    with SandboxPool(2) as pool:
-        yield CodeTestsGrader(CodeGradingConfig(test_timeout_s=1.0), pool=pool)
+    with SandboxPool(2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def grader(pool: SandboxPool) -> CodeTestsGrader:
+    return CodeTestsGrader(CodeGradingConfig(test_timeout_s=TEST_S), pool=pool)
 
 
 def grade(grader: CodeTestsGrader, code: str, task: Task = TASK) -> Score:
@@ -164,7 +172,8 @@ def test_killing_the_driver_does_not_stop_grading(grader: CodeTestsGrader) -> No
     assert score.ok and score.value == 1.0, score.explanation
 
 
-def test_timeout_is_a_failure_not_an_error(grader: CodeTestsGrader) -> None:
+def test_timeout_is_a_failure_not_an_error(pool: SandboxPool) -> None:
+    grader = CodeTestsGrader(CodeGradingConfig(test_timeout_s=1.0), pool=pool)  # under test
     score = grade(grader, "def add(a, b):\n    while True:\n        pass\n")
     assert score.ok and score.value == 0.0
     assert score.components["tests/timeouts"] == 4.0

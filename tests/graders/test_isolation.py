@@ -94,9 +94,9 @@ def test_hang_times_out_kills_child_and_next_call_works(worker: IsolatedWorker) 
         old = await worker.call(os.getpid, timeout_s=10)
         start = time.monotonic()
         with pytest.raises(IsolationTimeout):
-            await worker.call(time.sleep, 60, timeout_s=0.5)
+            await worker.call(time.sleep, 3600, timeout_s=0.5)
         elapsed = time.monotonic() - start
-        assert 0.5 <= elapsed < 1.5
+        assert 0.5 <= elapsed < 60  # the timeout, not the hour-long call, ended it
         assert not _alive(old)
         new = await worker.call(os.getpid, timeout_s=10)
         assert new != old
@@ -122,7 +122,7 @@ def test_cancelled_call_kills_busy_child(worker: IsolatedWorker) -> None:
     async def main() -> None:
         old = await worker.call(os.getpid, timeout_s=10)
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(worker.call(time.sleep, 60, timeout_s=30), 0.3)
+            await asyncio.wait_for(worker.call(time.sleep, 3600, timeout_s=600), 0.3)
         assert not _alive(old)
         assert await worker.call(operator.add, 1, 1, timeout_s=10) == 2
 
@@ -137,7 +137,7 @@ def test_failed_initializer_is_a_crash() -> None:
         asyncio.run(w.call(os.getpid, timeout_s=10))
 
 
-def test_pool_runs_calls_in_parallel_and_across_event_loops() -> None:
+def test_pool_runs_calls_in_parallel_and_across_event_loops(tmp_path: Path) -> None:
     with IsolatedPool(2) as pool:
         pool.start()
 
@@ -146,14 +146,23 @@ def test_pool_runs_calls_in_parallel_and_across_event_loops() -> None:
                 await asyncio.gather(*(pool.call(os.getpid, timeout_s=30) for _ in range(2)))
             )
 
-        async def two_sleeps() -> float:
-            start = time.monotonic()
-            await asyncio.gather(*(pool.call(time.sleep, 0.6, timeout_s=10) for _ in range(2)))
-            return time.monotonic() - start
+        async def rendezvous() -> list[int]:
+            # Each call marks its arrival, then waits for the other's mark: both return
+            # only if they run at the same time (run one after the other, the first would
+            # wait until its timeout).
+            a, b = tmp_path / "a", tmp_path / "b"
+            script = 'touch "$1"; while [ ! -e "$2" ]; do sleep 0.01; done'
+            calls = (
+                pool.call(
+                    subprocess.call, ["sh", "-c", script, "sh", str(x), str(y)], timeout_s=120
+                )
+                for x, y in ((a, b), (b, a))
+            )
+            return list(await asyncio.gather(*calls))
 
         pids = asyncio.run(warm())
         assert len(pool.pids) == 2 and pids <= set(pool.pids)
-        assert asyncio.run(two_sleeps()) < 1.1  # sequential would take >= 1.2 s
+        assert asyncio.run(rendezvous()) == [0, 0]  # the two calls ran in parallel
 
         async def many() -> list[int]:  # more callers than workers: they queue
             return await asyncio.gather(*(pool.call(abs, -i, timeout_s=10) for i in range(7)))
@@ -183,8 +192,8 @@ def test_pool_survives_timeouts_under_concurrency() -> None:
     with IsolatedPool(2) as pool:
 
         async def main() -> list[object]:
-            calls = [pool.call(time.sleep, 60, timeout_s=0.4)] + [
-                pool.call(operator.add, i, 1, timeout_s=10) for i in range(4)
+            calls = [pool.call(time.sleep, 3600, timeout_s=0.4)] + [
+                pool.call(operator.add, i, 1, timeout_s=120) for i in range(4)
             ]
             return await asyncio.gather(*calls, return_exceptions=True)
 
@@ -201,7 +210,7 @@ def test_close_leaves_no_child_processes() -> None:
     async def main() -> None:
         await asyncio.gather(*(pool.call(os.getpid, timeout_s=30) for _ in range(3)))
         with pytest.raises(IsolationTimeout):  # a restarted child must be cleaned up too
-            await pool.call(time.sleep, 60, timeout_s=0.3)
+            await pool.call(time.sleep, 3600, timeout_s=0.3)
 
     asyncio.run(main())
     pids = pool.pids
@@ -220,16 +229,16 @@ def test_child_exits_when_parent_dies(tmp_path: Path) -> None:
         "async def main():\n"
         "    w = IsolatedWorker()\n"
         "    print(await w.call(os.getpid, timeout_s=30), flush=True)\n"
-        "    task = asyncio.ensure_future(w.call(time.sleep, 60, timeout_s=60))\n"
-        "    await asyncio.sleep(0.2)\n"
+        "    task = asyncio.ensure_future(w.call(time.sleep, 3600, timeout_s=3600))\n"
+        "    await asyncio.sleep(0.2)  # the task sent the call at its first step, before this\n"
         "    os._exit(0)  # the parent vanishes while the child is busy\n"
         "asyncio.run(main())\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
     )
     child = int(out.stdout.split()[0])
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # the call would keep it for an hour
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child)
@@ -239,11 +248,20 @@ def test_timeout_also_kills_what_the_function_started(
     worker: IsolatedWorker, tmp_path: Path
 ) -> None:
     pidfile = tmp_path / "grandchild.pid"
-    command = ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]
-    with pytest.raises(IsolationTimeout):
-        asyncio.run(worker.call(subprocess.call, command, timeout_s=1.0))
+    command = [
+        "sh",
+        "-c",
+        f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; exec sleep 3600",
+    ]
+    # The timeout under test must fire after the grandchild started: on a machine too slow
+    # to start it within the timeout, try again with a longer one.
+    for timeout_s in (1.0, 4.0, 16.0, 64.0):
+        with pytest.raises(IsolationTimeout):
+            asyncio.run(worker.call(subprocess.call, command, timeout_s=timeout_s))
+        if pidfile.exists():
+            break
     grandchild = int(pidfile.read_text())
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 60  # it would sleep for an hour
     while _alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(grandchild)

@@ -4,6 +4,7 @@ cache (re-asking costs nothing), in-flight sharing, provenance, the in-process j
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -19,7 +20,7 @@ from rldojo.graders import (
     RubricGrader,
 )
 from rldojo.serve import ScriptedEngine, StandinJudge, start_server
-from rldojo.serve.engine import TransformersEngine
+from rldojo.serve.engine import ChatChoice, ChatResult, TransformersEngine
 from rldojo.types import Rollout, Task
 
 REQUEST = JudgeRequest([{"role": "user", "content": "Is 12 right?"}])
@@ -64,16 +65,55 @@ def test_client_errors_are_not_retried():
     assert engine.calls == 0  # 404 before the engine; no retries either
 
 
+class HeldEngine(ScriptedEngine):
+    """Answers no request until `release` is set (then as `ScriptedEngine`)."""
+
+    def __init__(self, reply) -> None:
+        super().__init__(reply)
+        self.release = threading.Event()
+
+    async def chat(self, request):
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        return await super().chat(request)
+
+
+class PairedEngine(ScriptedEngine):
+    """Holds each request until the next one has arrived too (requests 0 and 1, 2 and 3,
+    ...; at most a minute): two requests in flight at once overlap here for sure."""
+
+    async def chat(self, request):
+        with self._lock:
+            index = len(self.requests)
+            self.requests.append(request)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while len(self.requests) < index // 2 * 2 + 2 and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            text = self.reply(request)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+        return ChatResult(choices=[ChatChoice(text, "stop", 1)] * request.n, prompt_tokens=1)
+
+
 def test_per_call_timeout():
-    engine = ScriptedEngine(lambda r: "late", delay_s=0.8)
+    engine = HeldEngine(lambda r: "late")  # no reply comes until after the timeouts
     with start_server(engine) as server:
-        judge = OpenAIJudge(server.url, server.model, timeout_s=0.3, max_retries=1, backoff_s=0.01)
-        with pytest.raises(JudgeTimeout, match="timed out after 2 attempts"):
-            asyncio.run(judge.complete(REQUEST))
+        try:
+            judge = OpenAIJudge(server.url, server.model, timeout_s=0.3, max_retries=1,
+                                backoff_s=0.01)  # fmt: skip
+            with pytest.raises(JudgeTimeout, match="timed out after 2 attempts"):
+                asyncio.run(judge.complete(REQUEST))
+        finally:
+            engine.release.set()  # the held requests end, so the server stops at once
 
 
 def test_concurrency_limit():
-    engine = ScriptedEngine(lambda r: "ok", delay_s=0.2)
+    engine = PairedEngine(lambda r: "ok")
     with start_server(engine) as server:
         judge = OpenAIJudge(server.url, server.model, concurrency=2)
 

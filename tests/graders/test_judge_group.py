@@ -97,7 +97,10 @@ def test_gather_window_when_group_size_is_unknown(server):
 
     async def staggered():
         a = asyncio.ensure_future(grader.grade(rollouts("12 because")[0], TASK))
-        await asyncio.sleep(0.01)
+        # One turn of the loop: `a` arrives and arms the window, then `b` comes. (A timed
+        # sleep could outlast the window on a loaded machine; `b`'s turn, already queued,
+        # runs before the window's timer however long the loop stalls.)
+        await asyncio.sleep(0)
         b = asyncio.ensure_future(grader.grade(rollouts("x", "12")[1], TASK))
         return await asyncio.gather(a, b)
 

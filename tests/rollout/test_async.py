@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from rldojo.config import load_config
@@ -43,8 +45,31 @@ def _trainer(tmp_path, lag, *extra):
     return Trainer(cfg, tmp_path / f"lag{lag}")
 
 
+def _overlapping(trainer: Trainer) -> Trainer:
+    """Each weight update waits until the producer has finished the next batch, so that
+    batch is generated during the step, with the weights before its update (policy lag 1
+    when trained, after the first step), however the threads are scheduled. A pipeline
+    that did not generate while training would never finish it (the wait fails)."""
+    update = trainer.policy.update_weights
+
+    def update_after_the_next_batch(*args, **kwargs):
+        deadline = time.monotonic() + 120
+        while trainer.pipeline is None or trainer.pipeline._queue.qsize() < 1:
+            assert time.monotonic() < deadline, "no batch was generated during the step"
+            time.sleep(0.01)
+        return update(*args, **kwargs)
+
+    trainer.policy.update_weights = update_after_the_next_batch
+    return trainer
+
+
+def _rounds(ledger) -> set[int]:
+    """The ledger rounds committed so far (read on the test's own connection)."""
+    return {r for (r,) in ledger._db.execute("SELECT DISTINCT round FROM rollouts")}
+
+
 def test_async_steps_stay_within_the_lag_bound(tmp_path):
-    trainer = _trainer(tmp_path, lag=1)
+    trainer = _overlapping(_trainer(tmp_path, lag=1))
     try:
         metrics = [trainer.step() for _ in range(4)]
         rows, trained = trainer.ledger.count(), trainer.ledger.count(trained=True)
@@ -59,7 +84,7 @@ def test_async_steps_stay_within_the_lag_bound(tmp_path):
 
 
 def test_stale_samples_use_the_behaviour_ratio(tmp_path):
-    trainer = _trainer(tmp_path, lag=1)
+    trainer = _overlapping(_trainer(tmp_path, lag=1))
     try:
         metrics = [trainer.step() for _ in range(3)]
     finally:
@@ -115,10 +140,15 @@ def test_async_resume_redraws_untrained_batches_and_reuses_committed_ones(tmp_pa
             first.step()
         first.save()  # checkpoint after step 2: batches 0 and 1 consumed
         first.step()  # step 3 trains batch 2; the producer commits batch 3 meanwhile
-        ahead = {r for (r,) in first.ledger._db.execute("SELECT DISTINCT round FROM rollouts")}
+        # Taking batch 2 freed the lag bound, so the producer will commit batch 3 (round
+        # 103) and then wait for the trainer: wait for that instead of racing `close`.
+        deadline = time.monotonic() + 120
+        while not {100, 101, 102, 103} <= (ahead := _rounds(first.ledger)):
+            assert time.monotonic() < deadline, f"batch 3 never committed: rounds {ahead}"
+            time.sleep(0.05)
     finally:
         first.close()  # the "crash": no checkpoint after step 3
-    assert {100, 101, 102, 103} <= ahead
+    assert ahead == {100, 101, 102, 103}  # batch 4 waits for the lag bound: never started
     cfg = first.config
     second = Trainer(cfg, tmp_path / "lag1", resume=True)
     try:
@@ -130,6 +160,7 @@ def test_async_resume_redraws_untrained_batches_and_reuses_committed_ones(tmp_pa
     finally:
         second.close()
     assert metrics[0]["rollout/reused"] == 8  # batch 2 came from the ledger, not the model
+    assert metrics[1]["rollout/reused"] == 8  # so did batch 3, made ahead before the crash
     keys = [(r, t, k) for r, t, k, _ in rows]
     assert len(keys) == len(set(keys))  # no batch committed twice
     trained = {r: {tr for rr, _, _, tr in rows if rr == r} for r in {r for r, *_ in rows}}

@@ -24,7 +24,9 @@ from rldojo.types import Completion, Observation, SamplingParams, StepResult, Ta
 class CountEnv:
     """Three turns of counting; task `i` misbehaves at turn 2 when `i == bad`:
     `block` sleeps synchronously, `raise` raises, `exit` kills its process (every time),
-    `exit_once` kills it the first time only (a marker file remembers), `slow` awaits."""
+    `exit_once` kills it the first time only (a marker file remembers), `slow` writes its
+    worker's pid to the marker file and awaits until that worker is killed (the first time
+    only: a replay finds the marker and goes on)."""
 
     env_id = "count-v1"
 
@@ -50,8 +52,10 @@ class CountEnv:
         self.turn += 1
         if self.task.info["i"] == self.bad and self.turn == 2:
             self._misbehave()
-            if self.mode == "slow":
-                await asyncio.sleep(0.6)
+            if self.mode == "slow" and not Path(self.marker).exists():
+                Path(f"{self.marker}.tmp").write_text(str(os.getpid()))
+                os.replace(f"{self.marker}.tmp", self.marker)  # whole: the killer reads it
+                await asyncio.sleep(3600)  # the loop stays free; only a kill ends this
         noise = f" {random.random()}" if self.noisy_steps else ""
         reply = {"role": "user", "content": f"turn {self.turn} got {action}{noise}"}
         return StepResult([reply], done=self.turn >= 3, info={"turns": self.turn})
@@ -92,7 +96,7 @@ class WordPolicy:
         return [Completion(text, (7,), (-0.5,), "stop", (1.0,)) for _ in prompts]
 
 
-def _run(make_env, n=4, timeout_s=5.0):
+def _run(make_env, n=4, timeout_s=60.0):
     tasks = CountEnv().tasks(n=n)
     return asyncio.run(
         collect_rollouts(
@@ -104,9 +108,23 @@ def _run(make_env, n=4, timeout_s=5.0):
 
 @pytest.fixture
 def pool():
-    p = EnvWorkerPool(2, timeout_s=1.0, retries=2, backoff_s=0.05)
+    # Generous: no test but the blocking one is about timeouts (it sets its own).
+    p = EnvWorkerPool(2, timeout_s=60.0, retries=2, backoff_s=0.05)
     yield p
     p.close()
+
+
+def _gone(pid: int, wait_s: float = 60.0) -> bool:
+    """Whether process `pid` is gone (reaped), waiting up to `wait_s` for it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _remote(pool, **kwargs):
@@ -127,11 +145,17 @@ def test_remote_episodes_equal_in_process_ones(pool):
 
 
 def test_synchronously_blocking_env_times_out_and_others_finish(pool):
+    # The timeout under test. The blocked call blocks for an hour; the other calls take
+    # milliseconds once their worker runs (its start-up is not counted), and an episode
+    # stuck behind the blocked one waits up to twice this for its worker to be killed.
+    pool.timeout_s = 5.0
     started = time.monotonic()
-    rollouts = _run(_remote(pool, mode="block", bad=1), timeout_s=1.0)
-    assert time.monotonic() - started < 15  # the stuck call did not stall the loop
-    assert [r.status for r in rollouts] == ["ok", "timeout", "ok", "ok"]
-    assert "env.step took longer than 1s" in rollouts[1].error
+    rollouts = _run(_remote(pool, mode="block", bad=1), timeout_s=pool.timeout_s)
+    assert time.monotonic() - started < 120  # the stuck call (an hour) did not stall the loop
+    assert [r.status for r in rollouts] == ["ok", "timeout", "ok", "ok"], [
+        r.error for r in rollouts
+    ]
+    assert "env.step took longer than 5s" in rollouts[1].error
     # the stuck worker was killed; episodes that shared it replayed on a fresh one
     assert pool.metrics()["env_workers/replaced"] >= 1
     replayed = [r for r in rollouts if r.info.get("env/replays")]
@@ -178,29 +202,27 @@ def test_replay_checks_every_reply_not_only_the_opening(pool, tmp_path):
     assert "not deterministic" in rollouts[0].error
 
 
-def test_worker_killed_from_outside_mid_rollout(pool):
+def test_worker_killed_from_outside_mid_rollout(pool, tmp_path):
     """`kill -9` of a worker process while its episodes wait: they replay elsewhere."""
     local = _run(lambda task: CountEnv())
+    marker = tmp_path / "slow"
     pids: list[int] = []
 
     def killer() -> None:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            slots = [w for w in pool._slots if w is not None]
-            if slots:
-                time.sleep(0.3)  # inside the slow turn
-                pids.append(slots[0].process.pid)
-                os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while not marker.exists():  # episode 0 is inside its slow turn once it exists
+            if time.monotonic() > deadline:
                 return
             time.sleep(0.01)
+        pids.append(int(marker.read_text()))
+        os.kill(pids[0], signal.SIGKILL)
 
     thread = threading.Thread(target=killer)
     thread.start()
-    rollouts = _run(_remote(pool, mode="slow", bad=0))
+    rollouts = _run(_remote(pool, mode="slow", bad=0, marker=str(marker)))
     thread.join()
-    assert pids, "the worker was never started"
-    with pytest.raises(ProcessLookupError):
-        os.kill(pids[0], 0)  # host-side: that process is gone
+    assert pids, "episode 0 never reached its slow turn"
+    assert _gone(pids[0]), f"worker {pids[0]} still exists"  # host-side: that process is gone
     assert [r.status for r in rollouts] == ["ok"] * 4
     assert [r.messages for r in rollouts] == [r.messages for r in local]
     assert pool.metrics()["env_workers/replays"] >= 1
@@ -225,7 +247,7 @@ def test_workers_die_with_the_trainer(tmp_path):
     os.kill(pid, 0)  # the worker is up
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:  # gone, or a zombie (this process may be a subreaper: sandbox tests set it)
             if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":

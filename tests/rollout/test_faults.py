@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 
@@ -21,6 +22,9 @@ from rldojo.train.loop import run_training
 from rldojo.types import Completion, Score, Task
 
 N_TASKS = 40
+# What the watchdog logged about grading (the log test's handler appends; a plain list,
+# as FaultGrader travels to worker processes by value, and a lock does not pickle).
+LOGGED: list[str] = []
 
 
 class _ExactGrader:
@@ -75,6 +79,9 @@ class FaultGrader:
                 raise ValueError("grader bug")
             if self.mode == "hang":
                 await asyncio.sleep(3600)
+            if self.mode == "until_logged":  # in-process only: hangs until the warning
+                while not LOGGED:
+                    await asyncio.sleep(0.01)
             if self.mode == "block":  # synchronous: needs graders in worker processes
                 time.sleep(3600)
             if self.mode == "exit":  # kills its worker process, every time
@@ -124,11 +131,17 @@ def _steps(tmp_path, name):
 )
 def test_failures_are_counted_and_excluded(tmp_path, kwargs, key, count, workers):
     kv = ", ".join(f'{k} = "{v}"' for k, v in kwargs.items())
+    # A timeout under test ends a call that hangs for an hour. The calls that behave take
+    # milliseconds; a call queued behind a blocked one in a worker waits up to twice the
+    # timeout for that worker's kill: 5 s leaves room on a loaded machine. Generous
+    # otherwise: nothing should time out.
+    timeout = 5 if "timeout" in key else 60
     started = time.monotonic()
     extra = [f"rollout.env_workers={max(workers, 0)}", "rollout.env_retries=1",
-             f"rollout.grade_in_workers={str(workers < 0).lower()}"]  # fmt: skip
+             f"rollout.grade_in_workers={str(workers < 0).lower()}",
+             f"rollout.env_timeout_s={timeout}", f"rollout.grade_timeout_s={timeout}"]  # fmt: skip
     summary = run_training(_config(tmp_path, "f", f"env.kwargs={{{kv}}}", *extra))
-    assert time.monotonic() - started < 60  # timeouts fire; nothing waits for an hour
+    assert time.monotonic() - started < 600  # timeouts fire; nothing waits for an hour
     (step,) = _steps(tmp_path, "f")
     assert step[key] == count  # one group of G=2 per failing task (task 0 of 4)
     assert summary["rollouts"] == 8
@@ -194,14 +207,29 @@ def test_grader_timeout_returns_promptly():
     )
     started = time.monotonic()
     scores = asyncio.run(grade_rollouts(env.default_grader(), rollouts, tasks, timeout_s=0.5))
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 60  # the hung grader would take an hour
     assert [s.status for s in scores] == ["ok", "timeout", "ok", "ok"]
 
 
+class _Flag(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("still grading"):
+            LOGGED.append(record.getMessage())
+
+
 def test_long_phases_are_logged_with_what_they_wait_on(tmp_path, caplog):
+    """A grader hangs (until the watchdog has logged the wait, or the generous grade
+    timeout): the watchdog logs what the trainer waits on."""
     caplog.set_level("WARNING", logger="rldojo.pipeline")
-    kv = 'mode = "ok", grader_mode = "hang"'
-    cfg = _config(tmp_path, "w", f"env.kwargs={{{kv}}}", "rollout.wait_warn_s=0.3")
-    run_training(cfg)
+    LOGGED.clear()
+    flag = _Flag()
+    logging.getLogger("rldojo.pipeline").addHandler(flag)
+    kv = 'mode = "ok", grader_mode = "until_logged"'
+    cfg = _config(tmp_path, "w", f"env.kwargs={{{kv}}}", "rollout.wait_warn_s=0.3",
+                  "rollout.grade_timeout_s=120")  # fmt: skip
+    try:
+        run_training(cfg)
+    finally:
+        logging.getLogger("rldojo.pipeline").removeHandler(flag)
     waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("still")]
     assert any("grading 8 samples with fault-grader" in m for m in waits), waits

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -41,6 +42,7 @@ from rldojo.envs.registry import register
 from rldojo.types import Score, Task
 
 STEPS = 4
+CHILD_TIMEOUT_S = 600  # one child run (a hang bound, never the point: ~10 s unloaded)
 SEED = 7  # the kill plan: order, occurrences, offsets
 GRADE_S = 0.03  # the grader waits (as real graders do), so a kill can land inside grading
 OVERRIDES = [
@@ -346,7 +348,7 @@ def _run_until_complete(
                 proc.wait(timeout=plan["delay"])
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
         if plan is None:
             assert proc.returncode == 0, err[-3000:]
             return hits
@@ -400,12 +402,13 @@ def _reference_run(tmp_path: Path) -> dict[str, float]:
     trace = tmp_path / "trace_ref.txt"
     started = time.time()
     proc = _spawn(["train", str(_config(tmp_path, "ref"))], trace, None)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
     assert proc.returncode == 0, err[-3000:]
     first_step = next(float(e[3]) for e in _events(trace) if e[:2] == ["begin", "generate"])
     return _durations(trace) | {"start": first_step - started, "run": time.time() - started}
 
 
+@pytest.mark.timeout(3600)  # a dozen child runs: slow on a loaded machine, not a hang
 def test_sigkill_anywhere_then_resume_ends_as_uninterrupted(tmp_path):
     ref = _reference_run(tmp_path)
     ref_run, run = tmp_path / "ref", tmp_path / "killed"

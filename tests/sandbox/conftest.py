@@ -38,7 +38,10 @@ def pool() -> Iterator[SandboxPool]:
         yield p
 
 
-def _leftovers(pool: SandboxPool, wait_s: float = 1.0) -> list[int]:
+def _leftovers(pool: SandboxPool, wait_s: float = 30.0) -> list[int]:
+    """Pids still running as the pool's uids after up to `wait_s` (the kernel reaps a dead
+    sandbox's processes asynchronously; a loaded machine may take a while). The hostile
+    programs that leave processes behind keep them for an hour, far longer."""
     deadline = time.monotonic() + wait_s
     while True:
         found = [pid for uid in pool.uids if uid is not None for pid in processes_of_uid(uid)]

@@ -1,7 +1,9 @@
 """Hostile programs are contained: every assertion is on host-side evidence.
 
-Each test bounds its own time (pytest-timeout), checks the run returned within its
-timeout + 1 s, and that no process of the pool's sandbox uids survives it.
+Each test bounds its own time (pytest-timeout), checks the run returned soon after its
+timeout, and that no process of the pool's sandbox uids survives it. Programs that never
+end (the timeout is under test) get a short wall limit; the others end by themselves
+and get a generous one, so a slow sandbox start on a loaded machine cannot cut them off.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ import pytest
 
 from rldojo.sandbox import ExecResult, SandboxPool
 
-pytestmark = pytest.mark.timeout(30)
-TIMEOUT = 1.5
+pytestmark = pytest.mark.timeout(300)
+RUNAWAY_S = 1.5  # the wall limit of programs that never end by themselves
+GENEROUS_S = 60.0  # of the others (they end in well under a second)
 
 
 def timed_run(pool: SandboxPool, code: str, **kwargs) -> ExecResult:
-    kwargs.setdefault("timeout_s", TIMEOUT)
+    kwargs.setdefault("timeout_s", GENEROUS_S)
     start = time.monotonic()
     result = pool.run(code, **kwargs)
-    assert time.monotonic() - start < kwargs["timeout_s"] + 1.0
+    # Killed at the timeout, not left to run: what runs on would take an hour or forever.
+    assert time.monotonic() - start < kwargs["timeout_s"] + 30.0
     return result
 
 
@@ -35,19 +39,19 @@ def timed_run(pool: SandboxPool, code: str, **kwargs) -> ExecResult:
     "code",
     [
         "while True: pass",
-        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(3600)",
     ],
     ids=["infinite-loop", "sigterm-ignoring-sleep"],
 )
 def test_runaway_programs_are_killed(pool: SandboxPool, leftovers, code: str) -> None:
-    result = timed_run(pool, code)
+    result = timed_run(pool, code, timeout_s=RUNAWAY_S)
     assert result.status == "timeout"
     assert leftovers(pool) == []
 
 
 def test_fork_bomb_is_bounded(pool: SandboxPool, leftovers) -> None:
     code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-    result = timed_run(pool, code, allow_fork=True)
+    result = timed_run(pool, code, allow_fork=True, timeout_s=RUNAWAY_S)
     assert result.status == "timeout"
     assert leftovers(pool) == []
     # Without opting in, the first fork already fails.
@@ -61,13 +65,13 @@ def test_setsid_daemon_dies_with_the_run(pool: SandboxPool, leftovers) -> None:
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         "    if os.fork() == 0:\n"
-        "        time.sleep(30)\n"
+        "        time.sleep(3600)\n"
         "    os._exit(0)\n"
         "print('parent done')\n"
     )
     result = timed_run(pool, code, allow_fork=True)
     assert result.stdout == "parent done\n"
-    assert leftovers(pool, wait_s=0.2) == []
+    assert leftovers(pool) == []
 
 
 def test_memory_bomb(pool: SandboxPool, leftovers) -> None:
@@ -80,7 +84,7 @@ def test_thread_bomb(pool: SandboxPool, leftovers) -> None:
     code = (
         "import threading, time\n"
         "while True:\n"
-        "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
     )
     before = threading.active_count()
     result = timed_run(pool, code)
@@ -192,10 +196,10 @@ def test_spawning_a_subprocess_fails(pool: SandboxPool, tmp_path: Path) -> None:
 
 
 def test_kill_all_and_kill_parent(pool: SandboxPool, leftovers) -> None:
-    victim = subprocess.Popen(["sleep", "30"])
+    victim = subprocess.Popen(["sleep", "3600"])
     uid = pool.uids[0] or os.getuid()
     same_uid = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                                 "sleep", "30"])  # fmt: skip
+                                 "sleep", "3600"])  # fmt: skip
     try:
         code = (
             "import os, signal\n"
@@ -207,7 +211,7 @@ def test_kill_all_and_kill_parent(pool: SandboxPool, leftovers) -> None:
         result = timed_run(pool, code)
         assert victim.poll() is None and same_uid.poll() is None
         assert result.status in ("ok", "killed")
-        assert pool.run("print('pool works')").stdout == "pool works\n"
+        assert pool.run("print('pool works')", timeout_s=GENEROUS_S).stdout == "pool works\n"
     finally:
         for proc in (victim, same_uid):
             proc.send_signal(signal.SIGKILL)

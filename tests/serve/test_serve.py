@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import openai
 import pytest
@@ -84,7 +85,23 @@ def test_embeddings_float_and_base64(client):
         assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
 
 
-def test_concurrent_requests_are_batched(server):
+def test_concurrent_requests_are_batched(server, monkeypatch):
+    engine = server.engine
+    generate = engine._generate
+    decodes: list[int] = []
+
+    def held(batch):
+        # However the six requests arrive (a loaded machine may space them out), the
+        # first decode waits until all are in: the rest then wait in the queue together.
+        deadline = time.monotonic() + 120
+        while not decodes and len(batch) + len(engine._jobs) < 6:
+            assert time.monotonic() < deadline, "the six requests never all arrived"
+            time.sleep(0.01)
+        decodes.append(len(batch))
+        generate(batch)
+
+    monkeypatch.setattr(engine, "_generate", held)
+
     async def many():
         client = openai.AsyncOpenAI(base_url=server.url, api_key="x", max_retries=0)
         msgs = [[{"role": "user", "content": f"Count to {i}"}] for i in range(6)]

@@ -7,7 +7,8 @@ rollout with a grader built from a pickled recipe (once per worker); each runs a
 the worker's event loop, so async environments share a worker. A reader thread answers
 `who` (which call's code is running now, also while the loop is blocked) and `cancel`.
 The running call's id is also kept in 8 shared bytes (MEM) so that after a crash the
-trainer knows whose call it was.
+trainer knows whose call it was. Its first message, `(READY, True, pid)`, says that it has
+started and serves calls (the trainer does not count its start-up against a call's timeout).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from rldojo.envs.registry import build_env
+
+READY = -1
+"""The request id of the worker's first message: it has started and serves calls (request
+ids are >= 0)."""
 
 
 class RunningCall:
@@ -161,6 +166,7 @@ def _serve(conn: Any, running: RunningCall) -> None:
             loop.call_soon_threadsafe(loop.stop)
 
     threading.Thread(target=read, daemon=True).start()
+    send((READY, True, os.getpid()))  # serving now: calls' timeouts start (trainer side)
     loop.run_forever()
     os._exit(0)  # a stuck environment thread must not keep the worker alive
 

@@ -8,8 +8,10 @@ synchronously, leaks memory or segfaults then costs one worker, not the run:
 - the environment raises: the error comes back as `EnvCallError` (type and message) and
   the engine gives the rollout status `env_error`;
 - a call outlives `timeout_s` (`rollout.env_timeout_s`): the rollout gets status
-  `timeout`. If the call holds its worker's event loop (blocking code, a busy loop, C),
-  the worker is killed (the only way to stop it) and replaced on next use; if the loop
+  `timeout`. The clock starts once the call's worker serves calls: a worker's start-up
+  (a fresh interpreter, slow on a loaded machine) is bounded by `START_TIMEOUT_S` instead.
+  If the call holds its worker's event loop (blocking code, a busy loop, C), the worker
+  is killed (the only way to stop it) and replaced on next use; if the loop
   is free (an `await` that never returns), the call is cancelled in the worker;
 - a worker dies under an episode (crash, OOM kill, `kill -9`, or killed for another
   episode's timeout): the episode is replayed on a live worker with exponential backoff:
@@ -47,10 +49,13 @@ from typing import Any
 import cloudpickle
 
 from rldojo.envs.registry import resolve_factory
-from rldojo.rollout.env_worker import RunningCall, env_default_grader, spec_grader
+from rldojo.rollout.env_worker import READY, RunningCall, env_default_grader, spec_grader
 from rldojo.types import Observation, StepResult, Task
 
 log = logging.getLogger("rldojo.env_workers")
+
+START_TIMEOUT_S = 120.0
+"""How long a new worker may take to start serving calls (then it is killed)."""
 
 
 class WorkerDied(RuntimeError):
@@ -116,12 +121,17 @@ class _Worker:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # calls come from several event loops' threads
         self.alive = True
+        self.ready = False  # it has said READY: it serves calls
+        self._ready_waiters: list[tuple[asyncio.Future, asyncio.AbstractEventLoop]] = []
         threading.Thread(target=self._read, name=f"{name}-reader", daemon=True).start()
 
     def _read(self) -> None:
         try:
             while True:
                 rid, ok, payload = self.conn.recv()
+                if rid == READY:
+                    self._wake_ready()
+                    continue
                 with self._lock:
                     waiter = self._pending.pop(rid, None)
                 if waiter is not None:
@@ -140,6 +150,28 @@ class _Worker:
             waiting, self._pending = dict(self._pending), {}
         for rid, (fut, loop) in waiting.items():  # unknown cause (-1): everyone is suspect
             _wake(loop, fut, None, WorkerDied(why, culprit=culprit in (rid, -1)))
+        self._wake_ready()  # who waits for the start-up learns of the death from its call
+
+    def _wake_ready(self) -> None:
+        with self._lock:
+            self.ready = self.alive
+            waiters, self._ready_waiters = self._ready_waiters, []
+        for fut, loop in waiters:
+            _wake(loop, fut, None, None)
+
+    async def _started(self, fut: asyncio.Future) -> bool:
+        """Wait until the worker serves calls, or `fut` (a call on it) is settled; False
+        when neither happened within `START_TIMEOUT_S`."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self.ready or not self.alive:
+                return True
+            ready = loop.create_future()
+            self._ready_waiters.append((ready, loop))
+        done, _ = await asyncio.wait({ready, fut}, timeout=START_TIMEOUT_S,
+                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        ready.cancel()  # if still pending: a later wake finds it done and leaves it
+        return bool(done)
 
     def _submit(self, op: str, key: int, args: tuple) -> tuple[int, asyncio.Future]:
         loop = asyncio.get_running_loop()
@@ -184,9 +216,13 @@ class _Worker:
         if timeout_s is None:
             return await fut
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        hard = deadline + timeout_s
         try:
+            if not await self._started(fut):
+                self._forget(rid)
+                self.kill(f"it did not start within {START_TIMEOUT_S:.0f}s")
+                raise TimeoutError(f"env worker did not start within {START_TIMEOUT_S:.0f}s")
+            deadline = loop.time() + timeout_s  # from the start of the worker, not before
+            hard = deadline + timeout_s
             while True:
                 try:
                     return await asyncio.wait_for(asyncio.shield(fut), deadline - loop.time())
