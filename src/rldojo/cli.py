@@ -111,11 +111,36 @@ def _doctor_rows() -> list[tuple[str, str, str]]:
             + (", cuda" if torch.cuda.is_available() else ""),
         )
     )
+    rows += _precision_rows()
     rows.append(
         ("backend vllm", "ok" if importlib.util.find_spec("vllm") else "missing", "GPU path")
     )
     rows.append(_sandbox_row())
     return rows
+
+
+def _precision_rows() -> list[tuple[str, str, str]]:
+    """The measured precision decision (`model.generation_dtype = "auto"`) and the threads."""
+    from rldojo.hardware import plan_threads, resolve_precision, usable_cores
+
+    plan = plan_threads(cores=usable_cores(), omp_env=os.environ.get("OMP_NUM_THREADS"))
+    try:
+        p = resolve_precision()
+    except Exception as exc:  # doctor reports a failed probe, it does not crash
+        return [("precision", "error", str(exc))]
+    probe = p.probe
+    measured = "-" if probe is None else f"fp32 {probe.fp32:.1f}, bf16 {probe.bf16:.1f} GFLOP/s"
+    return [
+        ("cpu capability", "ok", p.capability),
+        ("matmul probe", "ok", measured),
+        (
+            "precision (auto)",
+            "ok",
+            f"generation {p.generation_dtype}, bf16 autocast {'on' if p.autocast_bf16 else 'off'}"
+            f": {p.reason}",
+        ),
+        ("threads", "ok", plan.describe()),
+    ]
 
 
 def _sandbox_row() -> tuple[str, str, str]:

@@ -27,10 +27,15 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     name: str = "smollm2-135m-instruct"
     """Built-in name (`smollm2-135m-instruct`, `tiny-random`), local HF directory or hub id."""
-    generation_dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    """Dtype of the generation copy. bf16 decodes ~2x faster on CPUs with bf16 units."""
-    autocast_bf16: bool = True
-    """Train under bf16 autocast (fp32 master weights and optimizer state)."""
+    generation_dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Dtype the sampler's weights are kept in. `auto`: bf16 where a timed matmul probe
+    finds it at least 1.2x faster than fp32 on this machine (CPUs with bf16 units: ~2x),
+    fp32 otherwise (AVX2-only CPUs emulate bf16 ~30x slower); bf16 on CUDA. The probe is
+    cached per machine; see `rldojo.hardware.precision` and `rldojo doctor`. With fp32
+    the sampler shares the trainer's weights (no second copy)."""
+    autocast_bf16: Literal["auto"] | bool = "auto"
+    """Train under bf16 autocast (fp32 master weights and optimizer state stay fp32).
+    `auto`: the same measured choice as `generation_dtype`."""
 
 
 class EnvMixEntry(_Section):
@@ -100,7 +105,9 @@ class RolloutConfig(_Section):
     workers: int = Field(1, gt=0)
     """Rollout workers (Ray actors) when `run.cluster = "ray"`."""
     worker_threads: int | None = Field(None, gt=0)
-    """torch threads of each Ray rollout worker (None: Ray's default for the actor)."""
+    """torch threads of each Ray rollout worker (None: on a local Ray instance the cores
+    are split among the workers, and the trainer when it trains meanwhile; on a remote
+    cluster Ray's default)."""
     worker_timeout_s: float = Field(600.0, gt=0)
     """A worker that does not answer in this time is replaced and its share re-sent."""
     max_policy_lag: int = Field(0, ge=0)
@@ -174,8 +181,9 @@ class RunConfig(_Section):
     """Save a checkpoint every K steps (0: only at the end)."""
     deterministic: bool = False
     """Deterministic torch kernels and single-threaded grading order (same metrics per run)."""
-    threads: int | None = None
-    """torch intra-op threads (None: torch's default)."""
+    threads: int | None = Field(None, gt=0)
+    """torch intra-op threads of the trainer (None: every core this process may use, or
+    `OMP_NUM_THREADS` when set); local Ray workers share the cores (`rldojo.hardware.threads`)."""
     cluster: Literal["local", "ray"] = "local"
     """`ray`: rollout workers (generation, environments, grading) run as Ray actors."""
     ray_address: str | None = None

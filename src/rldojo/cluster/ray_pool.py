@@ -49,7 +49,9 @@ class RolloutWorker:
         from rldojo.rollout.mixture import EnvMixture
 
         model, tokenizer = load_model(model_name)
-        dtype = torch.bfloat16 if generation_dtype == "bfloat16" else None
+        dtype: torch.dtype | str | None = {"bfloat16": torch.bfloat16, "float32": None}.get(
+            generation_dtype, "auto"
+        )
         self.policy = TransformersPolicy(model, tokenizer, generation_dtype=dtype)
         grader = None
         if grader_spec is not None:

@@ -19,14 +19,16 @@ def serve(
         str, typer.Option(help="Address to bind (no auth: keep it local)")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0: any free port)")] = 8000,
-    dtype: Annotated[str, typer.Option(help="Generation dtype: bfloat16 or float32")] = "bfloat16",
+    dtype: Annotated[
+        str, typer.Option(help="Generation dtype: auto (measured), bfloat16 or float32")
+    ] = "auto",
 ) -> None:
     """Serve /v1/chat/completions, /v1/models and /v1/embeddings for a local model."""
     from rldojo.cli import console, fail, user_errors
     from rldojo.serve.server import serve_forever
 
-    if dtype not in ("bfloat16", "float32"):
-        fail(f"--dtype: expected bfloat16 or float32, got {dtype!r}")
+    if dtype not in ("auto", "bfloat16", "float32"):
+        fail(f"--dtype: expected auto, bfloat16 or float32, got {dtype!r}")
 
     def ready(handle: Any) -> None:
         console.print(f"serving {handle.model} at {handle.url} (Ctrl-C stops)", soft_wrap=True)

@@ -29,7 +29,7 @@ __all__ = ["JudgeCache", "cache_key", "default_cache_path"]
 
 
 def default_cache_path() -> Path:
-    from rldojo.policy.models import cache_dir
+    from rldojo.cache import cache_dir
 
     return cache_dir() / "judge.sqlite"
 

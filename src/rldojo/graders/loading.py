@@ -17,7 +17,7 @@ own `judge` table (it overrides the wrapper's). Judge tables:
 
     {base_url = "http://127.0.0.1:8000/v1", model = "...", api_key = "...",
      timeout_s = 60, max_retries = 3, backoff_s = 0.5, concurrency = 8}
-    {backend = "transformers", model = "tiny-random", dtype = "bfloat16"}
+    {backend = "transformers", model = "tiny-random", dtype = "auto"}
 
 Without one, ``OPENAI_BASE_URL`` is used if set; otherwise a model grader is an error at
 load time (rldojo never reaches for a hosted API by itself). The cache defaults to
@@ -217,7 +217,7 @@ def make_backend(config: Mapping[str, Any], path: str) -> JudgeBackend:
 
         engine = TransformersEngine(
             model,
-            dtype=str(config.get("dtype", "bfloat16")),
+            dtype=str(config.get("dtype", "auto")),
             max_batch=int(config.get("max_batch", 16)),
         )
         return EngineJudge(engine)

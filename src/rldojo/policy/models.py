@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from rldojo.cache import cache_dir
+
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
 BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
@@ -30,10 +32,6 @@ _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 class ModelLoadError(RuntimeError):
     """The model named in the config cannot be loaded; the message says why and what to do."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RLDOJO_CACHE", Path.home() / ".cache" / "rldojo"))
 
 
 def smollm2_gguf_path() -> Path:

@@ -1,8 +1,10 @@
 """The in-process transformers backend: generation for the trainer's own model.
 
 The trainer optimises the model in float32; generation may run on a bf16 copy (about
-2x faster on CPUs with bf16 units, see MACHINE-NOTES). After each optimizer step the
-trainer calls `update_weights`, which copies the new weights into the generation copy.
+2x faster on CPUs with bf16 units, ~30x slower on AVX2-only CPUs: `"auto"` measures, see
+`rldojo.hardware.precision`). When generation runs in the model's own dtype it shares
+the trainer's weights; a copy exists only for bf16 or asynchronous generation, and after
+each optimizer step the trainer calls `update_weights`, which copies the new weights in.
 
 Thread safety (asynchronous rollouts): `generate` runs under a lock. `update_weights`
 never waits for a generation in flight: if one is running it stages the new weights and
@@ -34,14 +36,15 @@ class TransformersPolicy:
         model: Any,
         tokenizer: Any,
         *,
-        generation_dtype: torch.dtype | None = torch.bfloat16,
+        generation_dtype: torch.dtype | str | None = "auto",
         max_batch: int | None = None,
         separate_copy: bool = False,
         chunk_size: int | None = None,
     ) -> None:
         """`max_batch` (default 64): rows decoded at once; finished rows' slots are refilled
         with pending prompts (continuous batching, see `rldojo.policy.sampling`).
-        `chunk_size` is its former name, still accepted."""
+        `chunk_size` is its former name, still accepted. `generation_dtype`: a torch
+        dtype, None (the model's own) or `"auto"` (measured, `rldojo.hardware.precision`)."""
         if max_batch is not None and chunk_size is not None and max_batch != chunk_size:
             raise ValueError("pass max_batch or its old name chunk_size, not both")
         max_batch = max_batch if max_batch is not None else chunk_size
@@ -55,6 +58,13 @@ class TransformersPolicy:
         self._lock = threading.Lock()
         self._staged: tuple[dict[str, Any], int] | None = None
         train_dtype = next(model.parameters()).dtype
+        if isinstance(generation_dtype, str):
+            if generation_dtype != "auto":
+                raise ValueError(f"generation_dtype must be a torch dtype or 'auto', got "
+                                 f"{generation_dtype!r}")  # fmt: skip
+            from rldojo.hardware import resolve_precision
+
+            generation_dtype = resolve_precision(autocast_bf16=False).torch_generation_dtype()
         same_dtype = generation_dtype is None or generation_dtype == train_dtype
         if same_dtype and not separate_copy:
             self._gen_model = model

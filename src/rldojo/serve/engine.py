@@ -106,7 +106,8 @@ class TransformersEngine:
 
     Args:
         model_name: built-in name (`tiny-random`, `smollm2-135m-instruct`) or directory.
-        dtype: generation dtype; bf16 decodes ~2x faster on CPUs with bf16 units.
+        dtype: generation dtype, `auto` (bf16 where measured faster on this machine,
+            see `rldojo.hardware.precision`), `bfloat16` or `float32`.
         max_batch: most sequences decoded together.
         batch_window_s: how long the worker waits for more requests to join a batch.
         model, tokenizer: an already loaded pair (then `model_name` only names it).
@@ -116,7 +117,7 @@ class TransformersEngine:
         self,
         model_name: str = "tiny-random",
         *,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         max_batch: int = 16,
         batch_window_s: float = 0.005,
         model: Any = None,
@@ -127,11 +128,11 @@ class TransformersEngine:
         from rldojo.policy.models import load_model
         from rldojo.policy.transformers_backend import TransformersPolicy
 
-        if dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"dtype must be bfloat16 or float32, got {dtype!r}")
+        if dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"dtype must be auto, bfloat16 or float32, got {dtype!r}")
         if model is None:
             model, tokenizer = load_model(model_name)
-        gen_dtype = torch.bfloat16 if dtype == "bfloat16" else None
+        gen_dtype = {"bfloat16": torch.bfloat16, "float32": None}.get(dtype, "auto")
         self.model = model_name
         self.policy = TransformersPolicy(model, tokenizer, generation_dtype=gen_dtype)
         self._gen_model = self.policy._gen_model

@@ -25,9 +25,7 @@ from rldojo.serve.engine import ChatEngine, TransformersEngine
 __all__ = ["ServerHandle", "make_engine", "serve_forever", "start_server"]
 
 
-def make_engine(
-    model: str | ChatEngine, *, dtype: str = "bfloat16", max_batch: int = 16
-) -> ChatEngine:
+def make_engine(model: str | ChatEngine, *, dtype: str = "auto", max_batch: int = 16) -> ChatEngine:
     """An engine for a model name (loaded with transformers), or `model` itself."""
     if isinstance(model, str):
         return TransformersEngine(model, dtype=dtype, max_batch=max_batch)
@@ -83,7 +81,7 @@ def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     max_batch: int = 16,
     start_timeout_s: float = 60.0,
 ) -> ServerHandle:
@@ -110,7 +108,7 @@ def serve_forever(
     host: str = "127.0.0.1",
     port: int = 8000,
     *,
-    dtype: str = "bfloat16",
+    dtype: str = "auto",
     on_ready: Callable[[ServerHandle], None] | None = None,
 ) -> None:
     """Serve until interrupted (what `rldojo serve` runs); `on_ready` gets the handle

@@ -85,6 +85,13 @@ def run_training(
     started = time.perf_counter()
     console.print(f"[bold]rldojo train[/] {config.model.name} on {config.env.id} -> {run_dir}")
     trainer = Trainer(config, run_dir, resume=resume)
+    p = trainer.precision
+    console.print(
+        f"precision: generation {p.generation_dtype}, training fp32"
+        f"{' + bf16 autocast' if p.autocast_bf16 else ''} ({p.reason})",
+        soft_wrap=True,
+    )
+    console.print(f"threads: {trainer.threads.describe()}", soft_wrap=True)
     if resume:  # the steps after the checkpoint are redone, and logged again
         resumed = latest_checkpoint(run_dir / "checkpoints") is not None
         _trim_logs(run_dir, trainer.step_num if resumed else None)
@@ -161,6 +168,8 @@ def _summary(config: TrainConfig, trainer: Trainer, wall_s: float) -> dict[str, 
         "rollouts_trained": trainer.ledger.count(trained=True),
         "statuses": trainer.ledger.status_counts(),
         "run_dir": str(trainer.run_dir),
+        "precision": trainer.precision.as_dict(),
+        "threads": trainer.threads.as_dict(),
     }
 
 

@@ -40,6 +40,7 @@ from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
+from rldojo.train.resources import resolve_resources
 from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
 from rldojo.train.update import PolicyUpdate, token_advantages
 from rldojo.types import Rollout, SamplingParams, Score, Task
@@ -83,11 +84,11 @@ class Trainer:
     """Owns the model, optimizer, policy, environment, grader, ledger and run directory."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
-        self.config = cfg = config
+        # "auto" precision and threads resolved for this machine; config.toml records them.
+        self.config, self.precision, self.threads = resolve_resources(config)
+        cfg = self.config
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         entries = [(e.id, e.kwargs, e.weight) for e in cfg.env.mix] or [
             (cfg.env.id, cfg.env.kwargs, 1.0)
@@ -108,9 +109,9 @@ class Trainer:
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
         self.model.train()
-        gen_dtype = torch.bfloat16 if cfg.model.generation_dtype == "bfloat16" else None
         self.policy = TransformersPolicy(
-            self.model, self.tokenizer, generation_dtype=gen_dtype,
+            self.model, self.tokenizer,
+            generation_dtype=self.precision.torch_generation_dtype(),
             separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
         )  # fmt: skip
         self.pipeline: AsyncRollouts | None = None

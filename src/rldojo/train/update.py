@@ -50,7 +50,7 @@ class PolicyUpdate:
         self.optimizer, self.config = optimizer, config
 
     def _autocast(self) -> Any:
-        if self.config.model.autocast_bf16:
+        if self.config.model.autocast_bf16 is True:  # resolved from "auto" by the trainer
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return nullcontext()
 
