@@ -188,3 +188,30 @@ def test_policy_max_batch_and_its_chunk_size_alias(tiny):
     assert TransformersPolicy(model, tok, generation_dtype=None, max_batch=5).max_batch == 5
     with pytest.raises(ValueError, match="chunk_size"):
         TransformersPolicy(model, tok, generation_dtype=None, max_batch=2, chunk_size=3)
+
+
+def test_group_prefill_shares_the_prefix_and_duplicates(sharp):
+    """A GRPO batch (each prompt G times, all behind one chat template) is prefilled as one
+    shared prefix plus each distinct suffix once, and decodes exactly as prompts alone."""
+    model, tok, prompts = sharp
+    batch_prompts = [prompts[1], prompts[1], prompts[3], prompts[0], prompts[3]]
+    assert sampling._common_prefix(batch_prompts) >= sampling.MIN_SHARED_PREFIX
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    eos = {int(tok.eos_token_id)}
+    alone = [sample(model, tok, [p], params, eos) for p in batch_prompts]
+    widths: list[tuple[int, int]] = []
+
+    def counting(**kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return model(**kwargs)
+
+    batch = sample(counting, tok, batch_prompts, params, eos)
+    shared = sampling._common_prefix(batch_prompts)
+    assert widths[0] == (1, shared)  # the shared prefix, once
+    assert widths[1][0] == 3  # then 3 distinct prompts' suffixes, not 5 prompts
+    assert all(w[0] == 5 for w in widths[2:])  # every row decodes
+    for row, ref in enumerate(alone):
+        assert batch.token_ids[row] == ref.token_ids[0]
+        assert torch.allclose(
+            torch.tensor(batch.logprobs[row]), torch.tensor(ref.logprobs[0]), atol=1e-5
+        )
