@@ -38,6 +38,7 @@ from rldojo.hardware.precision import cached_probe, cpu_capability
 from rldojo.train.trainer import Trainer
 
 RESULTS = Path(__file__).parent / "results"
+ENV_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # kernel caps, recorded when set
 VARIANTS = {
     "auto": [],
     "fp32": ["model.generation_dtype=float32", "model.autocast_bf16=false"],
@@ -102,8 +103,7 @@ def main() -> None:
             "platform": platform.platform(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
-            "env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
-                    if k in os.environ},  # fmt: skip
+            "env": {k: v for k in ENV_CAPS if (v := os.environ.get(k)) is not None},
         },
         "probe_gflops": {"fp32": probe.fp32, "bf16": probe.bf16},
         "settings": vars(args),
@@ -113,14 +113,15 @@ def main() -> None:
         "target_ratio": 1.15,
         "wall_s": time.perf_counter() - started,
     }
-    suffix = "" if "ATEN_CPU_CAPABILITY" not in os.environ else f"-{capability.lower()}"
+    suffix = "" if ENV_CAPS[0] not in os.environ else f"-{capability.lower()}"
     path = RESULTS / f"precision{suffix}.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     for name in names:
         r = runs[name]
-        print(f"{name:5s} generation {r['resolved']['generation_dtype']:8s} autocast "
-              f"{r['resolved']['autocast_bf16']!s:5s}: median step {r['median_step_s']:.1f}s")  # fmt: skip
+        resolved = r["resolved"]
+        print(f"{name:5s} generation {resolved['generation_dtype']:8s} autocast "
+              f"{resolved['autocast_bf16']!s:5s}: median {r['median_step_s']:.1f}s")  # fmt: skip
     print(f"auto / fastest forced ({best}) = {ratio:.2f} (target <= 1.15); wrote {path}")
 
 
