@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -21,3 +22,14 @@ def cpu_probe() -> float:
     for _ in range(8):
         a @ a
     return 8 * 2 * 1024**3 / (time.perf_counter() - t0) / 1e9
+
+
+def cpu_flags() -> list[str]:
+    """The vector-unit flags that decide which precision is fast (`lscpu`)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    flags = next((ln.split(":", 1)[1].split() for ln in out.splitlines()
+                  if ln.startswith("Flags")), [])  # fmt: skip
+    return sorted({f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")})

@@ -26,12 +26,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from machine_load import cpu_flags  # benchmarks/ is on sys.path
 
 from rldojo.config import load_config
 from rldojo.hardware.precision import cached_probe, cpu_capability
@@ -71,16 +71,6 @@ def run(args: argparse.Namespace, name: str) -> dict:
     }
 
 
-def _cpu_flags() -> list[str]:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    flags = next((ln.split(":", 1)[1].split() for ln in out.splitlines()
-                  if ln.startswith("Flags")), [])  # fmt: skip
-    return sorted({f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")})
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -98,7 +88,7 @@ def main() -> None:
     result = {
         "machine": {
             "cpu_capability": capability,
-            "cpu_flags": _cpu_flags(),
+            "cpu_flags": cpu_flags(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "torch": torch.__version__,

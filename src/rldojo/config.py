@@ -150,6 +150,13 @@ class OptimConfig(_Section):
     """Sequences per forward/backward; gradients accumulate over the batch."""
     share_prompt: bool = True
     """Run each group's shared prompt through the model once per micro-batch (exact)."""
+    selected_logits: bool = True
+    """Run the output layer (the vocabulary projection) and its log-softmax only at the
+    tokens that carry gradient, the top-`loss.rho` forking tokens (exact: the loss reads
+    nothing else). Then `policy/logprob_mismatch` and `policy/tis_weight_mean` are means
+    over those tokens; `false` computes every completion token's log-prob. Models whose
+    head is not a plain projection (`rldojo.train.batch.PLAIN_HEAD_MODEL_TYPES`) always
+    take the full path."""
 
 
 class CurriculumSection(_Section):

@@ -101,6 +101,13 @@ def build_token_batch(
     )
 
 
+# Model types whose causal-LM forward is exactly `lm_head(decoder(...).last_hidden_state)`
+# (no logit soft-capping or scaling), so the output layer can run on chosen positions only.
+PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2", "phi3", "starcoder2"}
+)
+
+
 def completion_logits(
     model: object, batch: TokenBatch, *, share_prefix: bool = True
 ) -> torch.Tensor:
@@ -112,22 +119,59 @@ def completion_logits(
     every row's gradient flows back through the one prompt pass. It removes (G-1)/G of the
     prompt compute, which dominates when prompts are longer than completions.
     """
+    return _completion_forward(model, batch, share_prefix=share_prefix, head=True)
+
+
+def splits_output_layer(model: Any) -> bool:
+    """Whether `selected_logits` can run the output layer on chosen positions alone."""
+    config = getattr(model, "config", None)
+    return (
+        getattr(config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+        and callable(getattr(model, "get_decoder", None))
+        and isinstance(getattr(model, "get_output_embeddings", lambda: None)(), torch.nn.Linear)
+    )
+
+
+def selected_logits(
+    model: Any, batch: TokenBatch, where: torch.Tensor, *, share_prefix: bool = True
+) -> torch.Tensor:
+    """Logits `[N, V]` of the completion positions where `where` `[M, T]` is True, in
+    row-major order: `completion_logits(...)[where]`, with the output layer (the 49k-vocab
+    matmul, 21% of SmolLM2's weights) run on those N positions alone.
+
+    The policy loss reads log-probs only at the tokens that carry gradient (the top-ρ
+    forking tokens), so computing the vocabulary projection and its log-softmax at the
+    other 1-ρ of the positions is wasted work, forward and backward. Needs
+    `splits_output_layer(model)`; the decoder and the prompt sharing are unchanged."""
+    if not splits_output_layer(model):
+        raise ValueError(f"{type(model).__name__}: output layer cannot be split off")
+    hidden = _completion_forward(model, batch, share_prefix=share_prefix, head=False)  # [M,T,H]
+    return model.get_output_embeddings()(hidden[where])  # [N, V]
+
+
+def _completion_forward(
+    model: Any, batch: TokenBatch, *, share_prefix: bool, head: bool
+) -> torch.Tensor:
+    """`[M, T, V]` logits (`head`) or `[M, T, H]` final hidden states predicting each
+    completion token."""
     if share_prefix and batch.group_index is not None:
-        shared = _shared_prefix_logits(model, batch)
+        shared = _shared_prefix_forward(model, batch, head)
         if shared is not None:
             return shared
     t = batch.completion_ids.shape[1]
-    out = model(  # type: ignore[operator]
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        logits_to_keep=t + 1,
-    )
-    return out.logits[:, :-1]  # [M, T, V]
+    inputs = {
+        "input_ids": batch.input_ids,
+        "attention_mask": batch.attention_mask,
+        "position_ids": batch.position_ids,
+        "use_cache": False,
+    }
+    if head:
+        return model(**inputs, logits_to_keep=t + 1).logits[:, :-1]  # [M, T, V]
+    hidden = model.get_decoder()(**inputs).last_hidden_state  # [M, L, H]
+    return hidden[:, -t - 1 : -1]  # [M, T, H]
 
 
-def _shared_prefix_logits(model: Any, batch: TokenBatch) -> torch.Tensor | None:
+def _shared_prefix_forward(model: Any, batch: TokenBatch, head: bool) -> torch.Tensor | None:
     assert batch.group_index is not None
     _, inverse = torch.unique(batch.group_index, return_inverse=True)  # [M] -> unique prompt
     first = torch.zeros(int(inverse.max()) + 1, dtype=torch.long)
@@ -137,21 +181,27 @@ def _shared_prefix_logits(model: Any, batch: TokenBatch) -> torch.Tensor | None:
     if not torch.equal(prompts[inverse], batch.input_ids[:, :p]):
         return None  # rows that claim a group do not share a prompt: use the plain path
     cache = DynamicCache()
-    head = model(
+    net = model if head else model.get_decoder()
+    extra = {"logits_to_keep": 1} if head else {}
+    head_out = net(
         input_ids=prompts,
         attention_mask=batch.attention_mask[first, :p],
         position_ids=batch.position_ids[first, :p],
         cache=cache,
         use_cache=True,
-        logits_to_keep=1,
+        **extra,
     )
     cache.batch_select_indices(inverse)  # differentiable gather of the prompt's keys/values
-    tail = model(
+    tail = net(
         input_ids=batch.input_ids[:, p:],
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids[:, p:],
         cache=cache,
         use_cache=True,
     )
-    first_logits = head.logits[inverse]  # [M, 1, V] predicts completion token 0
-    return torch.cat([first_logits, tail.logits[:, :-1]], dim=1)  # [M, T, V]
+    if head:
+        first_out, rest = head_out.logits[inverse], tail.logits  # [M, 1, V], [M, T, V]
+    else:  # the prompt's last hidden state predicts completion token 0
+        first_out = head_out.last_hidden_state[inverse, -1:]  # [M, 1, H]
+        rest = tail.last_hidden_state  # [M, T, H]
+    return torch.cat([first_out, rest[:, :-1]], dim=1)  # [M, T, V] or [M, T, H]

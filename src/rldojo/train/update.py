@@ -18,7 +18,7 @@ import torch
 
 from rldojo.config import TrainConfig
 from rldojo.train import losses
-from rldojo.train.batch import TokenBatch, completion_logits
+from rldojo.train.batch import TokenBatch, completion_logits, selected_logits, splits_output_layer
 from rldojo.types import Score
 
 
@@ -72,19 +72,20 @@ class PolicyUpdate:
                                           num_tokens, version)  # fmt: skip
             weight = m.get("tokens", 0.0)
             for key, value in m.items():
-                scaled = value if key in ("tokens", "loss", "mismatch", "tis") else value * weight
+                unweighted = ("tokens", "loss", "mismatch", "tis", "measured")
+                scaled = value if key in unweighted else value * weight
                 sums[key] = sums.get(key, 0.0) + scaled
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)  # free the gradients before generating
         release_freed_memory()
         tokens = max(sums.pop("tokens", 0.0), 1.0)
-        n_policy = max(int(batch.policy_mask.sum()), 1)
+        measured = max(sums.pop("measured", 0.0), 1.0)  # tokens whose log-prob was computed
         out = {"loss/policy": sums.pop("loss"), "loss/tokens": tokens}
-        out["policy/logprob_mismatch"] = sums.pop("mismatch") / n_policy
+        out["policy/logprob_mismatch"] = sums.pop("mismatch") / measured
         tis = sums.pop("tis")
         if cfg.loss.tis_cap is not None:
-            out["policy/tis_weight_mean"] = tis / n_policy
+            out["policy/tis_weight_mean"] = tis / measured
         out |= {f"loss/{k}": v / tokens for k, v in sums.items()}
         out["optim/grad_norm"] = float(grad_norm)
         return out
@@ -101,10 +102,13 @@ class PolicyUpdate:
         cfg, lc = self.config, self.config.loss
         temperature = cfg.sampling.temperature or 1.0
         t = mb.completion_ids.shape[1]
-        with self._autocast():
-            logits = completion_logits(self.model, mb, share_prefix=cfg.optim.share_prompt)
-        logprobs, _ = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T]
-        ref = self._ref_logprobs(mb, temperature) if self.ref_model is not None else None
+        where = selected[:, :t] if self._split(self.model) else None  # [M, T] or None
+        logprobs = self._logprobs(self.model, mb, temperature, where)  # [M, T]
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_where = where if self._split(self.ref_model) else None
+                ref = self._logprobs(self.ref_model, mb, temperature, ref_where)  # [M, T]
         behaviour = mb.behaviour_logprobs  # [M, T]
         # Stale rows (sampled by other weights: older ones, or ones a crash lost) take the
         # PPO ratio against their behaviour log-probs; on-policy rows use the current ones
@@ -123,8 +127,9 @@ class PolicyUpdate:
             num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef, is_weights=is_weights,
         )  # fmt: skip
         loss.backward()
-        policy = mb.policy_mask  # [M, T]
+        policy = mb.policy_mask if where is None else where  # [M, T] tokens with a log-prob
         m["loss"] = float(loss.detach())
+        m["measured"] = float(policy.sum())
         m["mismatch"] = float((logprobs.detach() - behaviour).abs()[policy].sum())
         m["tis"] = float(is_weights[policy].sum()) if is_weights is not None else 0.0
         return m
@@ -144,8 +149,21 @@ class PolicyUpdate:
             )
         return torch.cat(rows)  # [B, T]
 
-    @torch.no_grad()
-    def _ref_logprobs(self, mb: TokenBatch, temperature: float) -> torch.Tensor:
+    def _split(self, model: Any) -> bool:
+        return self.config.optim.selected_logits and splits_output_layer(model)
+
+    def _logprobs(
+        self, model: Any, mb: TokenBatch, temperature: float, where: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Log-probs `[M, T]` of the completion tokens; with `where` `[M, T]` only there
+        (the output layer and log-softmax run on those positions alone; the rest are 0)."""
+        share = self.config.optim.share_prompt
+        if where is None:
+            with self._autocast():
+                logits = completion_logits(model, mb, share_prefix=share)  # [M, T, V]
+            return losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)[0]
         with self._autocast():
-            logits = completion_logits(self.ref_model, mb)  # [M, T, V]
-        return losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)[0]  # [M, T]
+            logits = selected_logits(model, mb, where, share_prefix=share)  # [N, V]
+        ids = mb.completion_ids[where]  # [N]
+        picked, _ = losses.logprobs_and_entropy(logits[None], ids[None], temperature)  # [1, N]
+        return torch.zeros(where.shape, dtype=picked.dtype).masked_scatter(where, picked[0])

@@ -1,0 +1,76 @@
+"""The policy update: log-probs at the forking tokens alone give the same step as all of them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rldojo.config import load_config
+from rldojo.train.batch import build_token_batch, completion_logits, selected_logits
+from rldojo.train.update import PolicyUpdate
+from rldojo.types import Rollout
+
+
+def _rollout(prompt: list[int], completion: list[int], version: int = 0) -> Rollout:
+    return Rollout(
+        "t", "e", [], "", tuple(prompt), tuple(completion), (True,) * len(completion),
+        tuple(-0.5 - 0.1 * i for i in range(len(completion))), policy_version=version,
+    )  # fmt: skip
+
+
+ROLLOUTS = [
+    _rollout([5, 6, 7], [8, 9, 10, 11]),
+    _rollout([5, 6, 7], [10, 11, 12]),
+    _rollout([1, 2, 3, 4, 5], [3, 7, 7, 7, 9]),
+    _rollout([1, 2, 3, 4, 5], [4, 4, 4, 4], version=1),  # stale: takes the PPO ratio
+]
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_selected_logits_equal_the_full_logits_at_those_positions(tiny, share):
+    model, tok = tiny
+    batch = build_token_batch(ROLLOUTS, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+    where = torch.zeros_like(batch.policy_mask)
+    where[0, [0, 3]] = where[2, 4] = where[3, 1] = True
+    full = completion_logits(model, batch, share_prefix=share)[where]  # [N, V]
+    picked = selected_logits(model, batch, where, share_prefix=share)  # [N, V]
+    assert picked.shape == (4, full.shape[-1])
+    assert torch.allclose(picked, full, atol=1e-5)
+
+
+def _step(model, selected_logits_on: bool, selected: torch.Tensor, batch) -> dict:
+    cfg = load_config(None, [
+        "model.autocast_bf16=false", "optim.micro_batch_size=2", "optim.grad_clip=1e9",
+        "loss.kl_coef=0.1", "sampling.temperature=0.7",
+        f"optim.selected_logits={str(selected_logits_on).lower()}",
+    ])  # fmt: skip
+    ref = copy.deepcopy(model).eval()
+    with torch.no_grad():  # the reference differs from the policy, so KL is not 0
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    update = PolicyUpdate(model, ref, opt, cfg)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(-1, selected.shape[1])
+    return update.optimize(batch, adv, selected, float(selected.sum()), version=0)
+
+
+def test_update_through_selected_logits_equals_the_full_update(tiny):
+    base, tok = tiny
+    batch = build_token_batch(ROLLOUTS, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+    selected = torch.zeros_like(batch.policy_mask)
+    selected[0, 1] = selected[1, 2] = selected[3, 0] = selected[3, 3] = True  # rows 2: none
+    start = {k: v.clone() for k, v in base.state_dict().items()}
+    deltas, metrics = [], []
+    for on in (False, True):
+        model = copy.deepcopy(base)
+        metrics.append(_step(model, on, selected, batch))
+        deltas.append({k: v - start[k] for k, v in model.state_dict().items()})
+    full, split = deltas
+    assert any(full[k].abs().max() > 0 for k in full)  # the step moved the weights
+    for k in full:
+        assert torch.allclose(full[k], split[k], atol=1e-6), k
+    for key in ("loss/policy", "loss/kl", "loss/ratio_mean", "loss/tokens"):
+        assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-4, abs=1e-7), key
+    assert metrics[1]["loss/kl"] > 0
