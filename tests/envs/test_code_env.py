@@ -115,7 +115,7 @@ def test_env_options() -> None:
 
 
 def test_reference_of_every_template_scores_1_and_a_wrong_one_0(sandbox) -> None:
-    env = CodeEnv()
+    env = CodeEnv(test_timeout_s=10.0)  # generous: the limit is not under test
     by_template: dict[str, Task] = {}
     for task in env.tasks("train", seed=0, n=200):
         by_template.setdefault(task.info["template"], task)

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rldojo.graders.code import CodeTestsGrader, check_solution, load_humaneval
+from rldojo.graders.code import CodeGradingConfig, CodeTestsGrader, check_solution, load_humaneval
 from rldojo.sandbox import SandboxPool, probe
 
 
@@ -21,7 +21,8 @@ def test_humaneval_canonical_and_wrong_solutions() -> None:
     problems = load_humaneval()
     assert len(problems) == 164
     with SandboxPool(2) as pool:
-        grader = CodeTestsGrader(pool=pool)
+        # 10 s a test: the limit covers fork, seccomp and import on a loaded machine too.
+        grader = CodeTestsGrader(CodeGradingConfig(test_timeout_s=10.0), pool=pool)
 
         def both(row: dict) -> tuple[str, float | None, float | None]:
             good = check_solution(row, row["canonical_solution"], grader=grader)

@@ -255,7 +255,7 @@ def grade(sample, item):
 def test_python_grader_failures_are_statuses(sandbox, source, status, message):
     # A short limit only where it is under test (a loop that never ends); the others end
     # at once, and a generous limit keeps a slow sandbox start from cutting them off.
-    score = grade(python_spec(source, timeout_s=2 if status == "timeout" else 60), "x")
+    score = grade(python_spec(source, timeout_s=5 if status == "timeout" else 60), "x")
     assert score.status == status and score.value is None
     assert message in score.explanation
 
