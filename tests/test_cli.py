@@ -62,3 +62,30 @@ def test_train_and_eval_tiny(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert len(json.loads(out.read_text())["rows"]) == 3
+
+
+def test_a_run_with_multiline_strings_reruns_and_resumes_from_its_config(tmp_path):
+    config = tmp_path / "multi.toml"
+    config.write_text(
+        '[model]\nname = "tiny-random"\n'
+        '[env]\nid = "arith-v1"\n'
+        'kwargs = { system_prompt = """You add numbers.\nSay "Answer: N" at the end ✓.\n""" }\n'
+        '[sampling]\nmax_new_tokens = 4\nstop = ["\\n\\n", "\\\\end"]\n'
+        "[rollout]\nprompts_per_step = 2\ngroup_size = 2\n"
+        f'[run]\nsteps = 1\noutput_dir = "{tmp_path}"\nname = "multi"\n'
+        "[eval]\ntasks = 0\n"
+    )
+    assert runner.invoke(app, ["train", str(config)]).exit_code == 0
+    run = tmp_path / "multi"
+    written = run / "config.toml"
+    from rldojo.config import load_config
+
+    assert load_config(written).env.kwargs == load_config(config).env.kwargs
+    # Resume (nothing left to do) and more steps from the run's own config.
+    result = runner.invoke(app, ["train", "--resume", str(run), "--set", "run.steps=2"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+    # The resume rewrote config.toml with steps = 2; a fresh run from it trains 2 steps.
+    rerun = ["train", str(written), "--set", "run.name=again"]
+    assert runner.invoke(app, rerun).exit_code == 0
+    assert json.loads((tmp_path / "again" / "summary.json").read_text())["steps"] == 2

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from rldojo.config import ConfigError, apply_overrides, dump_config, load_config
+from rldojo.config import (
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    dump_config,
+    load_config,
+)
 
 
 def test_defaults_are_the_quickstart():
@@ -59,3 +67,65 @@ def test_missing_file_and_bad_override(tmp_path):
         load_config(tmp_path / "nope.toml")
     with pytest.raises(ConfigError, match="expected key=value"):
         apply_overrides({}, ["loss.rho"])
+
+
+# Training configs among the examples (the others are grader specs, not configs).
+EXAMPLES = sorted(
+    p
+    for p in (Path(__file__).parent.parent / "examples").glob("*.toml")
+    if "[model]" in p.read_text() or "[env]" in p.read_text()
+)
+
+PYTHON_GRADER = """def grade(sample, item) -> float:
+    text = sample["output_text"]  # "quotes", 'single', \\backslash, unicode: é ✓
+    return 1.0 if text.strip().endswith(item["answer"]) else 0.0
+"""
+
+
+def test_every_field_type_round_trips_through_the_written_toml(tmp_path):
+    """Multi-line strings, quotes, unicode, inline tables, arrays of tables, tuples, None."""
+    table = {"type": "python", "name": "ends_with", "source": PYTHON_GRADER, "timeout_s": 5}
+    cfg = TrainConfig.model_validate({
+        "grader": {"spec": table},
+        "env": {"mix": [{"id": "arith-v1", "weight": 0.5, "kwargs": {"levels": [1, 2]}},
+                        {"id": "math-v1", "kwargs": {"path": "données/ü.jsonl"}}]},
+        "sampling": {"stop": ["\n\n", 'say "stop"', "\\end"]},
+        "optim": {"betas": [0.8, 0.95]},
+        "run": {"name": "naïve run ✓", "threads": None},
+    })  # fmt: skip
+    path = tmp_path / "config.toml"
+    path.write_text(dump_config(cfg))
+    again = load_config(path)
+    assert again == cfg
+    assert again.grader.spec["source"] == PYTHON_GRADER
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_config_round_trips(tmp_path, example):
+    cfg = load_config(example)
+    path = tmp_path / "config.toml"
+    path.write_text(dump_config(cfg))
+    assert load_config(path) == cfg
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[optim]\nlr = "1e-5"\n', "optim.lr"),
+        ("[run]\nsteps = 2.5\n", "run.steps"),
+        ("[rollout]\ndynamic_sampling = 1\n", "rollout.dynamic_sampling"),
+        ('[optim]\nbetas = ["0.9", 0.99]\n', "optim.betas.0"),
+    ],
+)
+def test_values_of_the_wrong_type_are_errors_not_coerced(tmp_path, text, key):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(path)
+
+
+def test_integers_are_valid_floats_and_arrays_valid_tuples(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nlr = 1\nbetas = [0.8, 1]\n")
+    cfg = load_config(path)
+    assert cfg.optim.lr == 1.0 and cfg.optim.betas == (0.8, 1.0)

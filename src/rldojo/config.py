@@ -21,7 +21,9 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `lr = "1e-5"` (a string) or `steps = 2.0` is an error, not silently coerced;
+    # an integer is still a valid float, and a TOML array a valid tuple.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelConfig(_Section):
@@ -142,7 +144,8 @@ class LossConfig(_Section):
 class OptimConfig(_Section):
     lr: float = Field(2e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: tuple[float, float] = Field((0.9, 0.99), strict=False)
+    """AdamW's (beta1, beta2); the items must be numbers."""
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     grad_clip: float = Field(1.0, gt=0.0)
@@ -267,27 +270,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def dump_config(config: TrainConfig) -> str:
-    """The config as TOML (written into every run directory)."""
-    lines: list[str] = []
-    for section, model in config:
-        lines.append(f"[{section}]")
-        for key, value in model.model_dump(mode="json").items():
-            if value is None:
-                continue
-            lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
+    """The config as TOML (written into every run directory), by a real TOML writer: any
+    string (multi-line graders, quotes, unicode), inline table and list round-trips through
+    `load_config`. Keys whose value is None are left out (TOML has no null), which is
+    their default wherever the config file can set them."""
+    import tomli_w
+
+    data = {section: _drop_none(model.model_dump(mode="json")) for section, model in config}
+    return tomli_w.dumps(data, multiline_strings=True)
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+def _drop_none(value: Any) -> Any:
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value if v is not None]
+    return value
