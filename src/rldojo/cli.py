@@ -15,25 +15,56 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rldojo.config import ConfigError, load_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False
+)
 console = Console()
+_debug = {"on": os.environ.get("RLDOJO_DEBUG", "") == "1"}
+
+
+@app.callback()
+def _options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback of an unexpected error")
+    ] = False,
+) -> None:
+    """rldojo: reinforcement learning of language models on verifiable environments."""
+    _debug["on"] = _debug["on"] or debug
 
 
 def fail(message: str) -> None:
-    console.print(f"[red]error:[/] {message}", soft_wrap=True)
+    console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(2)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
     from rldojo.data.loading import DataError
-    from rldojo.envs.registry import UnknownEnvError
+    from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
     from rldojo.policy.models import ModelLoadError
 
-    return (ConfigError, DataError, UnknownEnvError, ModelLoadError)
+    return (ConfigError, DataError, UnknownEnvError, EnvKwargsError, ModelLoadError)
+
+
+def main() -> None:
+    """The `rldojo` entry point: an unexpected error is one line (and exit code 1), its
+    traceback only with `--debug` (or `RLDOJO_DEBUG=1`)."""
+    try:
+        app()
+    except Exception as exc:
+        if _debug["on"]:
+            raise
+        text = " ".join(str(exc).split())[:500]
+        console.print(
+            f"[red]error:[/] {type(exc).__name__}: {escape(text)} (rldojo --debug ... shows "
+            "the traceback)",
+            soft_wrap=True,
+        )
+        sys.exit(1)
 
 
 @app.command()
@@ -45,20 +76,58 @@ def train(
         list[str] | None, typer.Option("--set", help="Override, e.g. loss.rho=1.0")
     ] = None,
     resume: Annotated[Path | None, typer.Option(help="Resume the run in this directory")] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Validate, print the resolved config and plan; write nothing"
+        ),
+    ] = False,
+    allow_download: Annotated[
+        bool, typer.Option("--allow-download", help="Let a hub model id be downloaded")
+    ] = False,
 ) -> None:
     """Train a policy with forking-token GRPO (default: SmolLM2-135M on arith-v1)."""
     from rldojo.train.loop import run_training
 
+    if allow_download:
+        os.environ["RLDOJO_ALLOW_DOWNLOAD"] = "1"
+    source = str(config) if config is not None else "defaults"
     try:
         if resume is not None:
             base = config or resume / "config.toml"
+            source = str(base)
+            if not (resume / "config.toml").exists() and config is None:
+                fail(f"{resume}: not a run directory (no config.toml)")
             cfg = load_config(base, set_ or [])
-            run_training(cfg, run_dir=resume, resume=True, console=console)
         else:
             cfg = load_config(config, set_ or [])
+            _note_defaults(config, set_ or [])
+        if dry_run:
+            from rldojo.train.preflight import dry_run as describe
+
+            describe(cfg, console)
+        elif resume is not None:
+            run_training(cfg, run_dir=resume, resume=True, console=console)
+        else:
             run_training(cfg, console=console)
-    except user_errors() as exc:
+    except ConfigError as exc:
         fail(str(exc))
+    except user_errors() as exc:  # the config's values were wrong: say which file
+        fail(f"{source}: {exc}")
+
+
+def _note_defaults(config: Path | None, overrides: list[str]) -> None:
+    """A config file without [model] or [run] trains the quickstart's model and length:
+    say so rather than start a long default run silently."""
+    if config is None:
+        return
+    import tomllib
+
+    data = tomllib.loads(config.read_text())
+    for section, what in (("model", "model smollm2-135m-instruct"), ("run", "12 steps")):
+        if section not in data and not any(o.startswith(f"{section}.") for o in overrides):
+            console.print(f"note: {config} has no \\[{section}]: using the default ({what})",
+                          soft_wrap=True)  # fmt: skip
 
 
 @app.command()
@@ -180,4 +249,4 @@ def _register_subsystem_commands() -> None:
 _register_subsystem_commands()
 
 if __name__ == "__main__":
-    app()
+    main()

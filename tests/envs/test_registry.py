@@ -129,3 +129,46 @@ def test_importing_a_builtin_module_first_still_registers_all(first: str) -> Non
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "'arith-v1'" in out.stdout and "'math-v1'" in out.stdout
     assert "Warning" not in out.stderr
+
+
+MODULE = """
+from rldojo.envs.base import SingleTurnEnv
+
+class {cls}(SingleTurnEnv):
+    env_id = "{env_id}"
+    def default_grader(self):
+        return None
+"""
+
+
+def test_module_factory_path_resolves_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "rldojo_cwd_envmod.py").write_text(MODULE.format(cls="Here", env_id="here-v1"))
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)  # `python -m`-like: ./rldojo_cwd_envmod.py, no PYTHONPATH
+    assert make_env("rldojo_cwd_envmod:Here").env_id == "here-v1"
+
+
+def test_installed_packages_register_envs_through_entry_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real distribution on sys.path (dist-info with entry_points.txt), as pip leaves it."""
+    (tmp_path / "rldojo_ep_envs.py").write_text(MODULE.format(cls="Rev", env_id="reverse-v1"))
+    info = tmp_path / "rldojo_ep_envs-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rldojo-ep-envs\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[rldojo.envs]\nreverse-v1 = rldojo_ep_envs:Rev\nbroken-v1 = rldojo_ep_missing:Nope\n"
+        "Bad_Id = rldojo_ep_envs:Rev\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_builtin_errors", {})
+    registry._load_entry_points()
+    assert {"reverse-v1", "broken-v1"} <= set(list_envs()) and "Bad_Id" not in list_envs()
+    assert "rldojo_ep_envs" not in sys.modules  # loaded on first use only
+    assert make_env("reverse-v1").env_id == "reverse-v1"
+    with pytest.raises(UnknownEnvError, match=r"broken-v1.*entry point rldojo_ep_missing:Nope"):
+        make_env("broken-v1")
+    with pytest.raises(UnknownEnvError, match=r"environments that failed to load: .*Bad_Id"):
+        make_env("nope-v1")

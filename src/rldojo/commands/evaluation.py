@@ -271,11 +271,21 @@ def _errors() -> tuple[type[Exception], ...]:
     return (*user_errors(), json.JSONDecodeError, ValueError, FileNotFoundError, OpenAIError)
 
 
+def _check_models(*specs: str | None) -> None:
+    """A local model that cannot load is an error before any evaluation runs."""
+    from rldojo.policy.models import check_model
+
+    for spec in specs:
+        if spec is not None and not spec.startswith(("http://", "https://")):
+            check_model(spec)
+
+
 def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
     from rldojo.envs.registry import make_env
     from rldojo.eval.failures import failures_table, group_failures
 
     kwargs = json.loads(o["env_kwargs"])
+    _check_models(o["model"], o["compare"])  # both, before evaluating either
     task_list = list(make_env(o["env"], **kwargs).tasks(o["split"], seed=o["seed"], n=o["tasks"]))
     if not task_list:
         raise ValueError(f"{o['env']} has no {o['split']} tasks")

@@ -60,6 +60,8 @@ def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any
     that is not valid JSON, or a record that is not an object.
     """
     p = Path(path)
+    if not p.is_file():
+        raise DataError(p, None, "no such file" if not p.exists() else "not a file")
     suffix = _suffix(p)
     if suffix in PARQUET_SUFFIXES:
         yield from _read_parquet(p)

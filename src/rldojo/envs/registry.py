@@ -9,13 +9,27 @@ Built-in environments register themselves when their module is imported; the reg
 imports the modules named in `BUILTIN_MODULES` on first use (`make_env`, `list_envs`,
 `register`), so ``import rldojo.envs`` stays cheap. To add a built-in, write
 ``register("x-v1", XEnv)`` at the bottom of its module and add the module to the tuple.
+
+Installed packages add environments through the entry-point group `rldojo.envs`: each
+entry's name is an id and its value a factory, e.g. in the package's pyproject.toml
+
+    [project.entry-points."rldojo.envs"]
+    "reverse-v1" = "my_envs.reverse:ReverseEnv"
+
+so after ``pip install my-envs`` the CLI knows ``reverse-v1`` (loaded on first use, like
+the built-ins). A ``"module:factory"`` path is imported the way ``python -m`` does: from
+the installed packages and then from the current directory.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
+import inspect
+import os
 import re
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -24,8 +38,10 @@ from rldojo.envs.base import Env
 
 __all__ = [
     "BUILTIN_MODULES",
+    "EnvKwargsError",
     "UnknownEnvError",
     "build_env",
+    "check_kwargs",
     "list_envs",
     "make_env",
     "register",
@@ -44,12 +60,19 @@ BUILTIN_MODULES: tuple[str, ...] = (
 )
 """Modules that register the built-in environments when imported."""
 
+ENTRY_POINT_GROUP = "rldojo.envs"
+"""Entry-point group through which installed packages register environments."""
+
 ENV_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")
 """Ids are lowercase names with a version suffix: ``arith-v1``, ``crm.sales-v2``."""
 
 _factories: dict[str, Callable[..., Env]] = {}
 _builtins_state = "unloaded"  # -> "loading" -> "loaded"
 _builtin_errors: dict[str, str] = {}
+
+
+class EnvKwargsError(ValueError):
+    """`env.kwargs` do not match the environment factory's signature (message: one line)."""
 
 
 class UnknownEnvError(KeyError):
@@ -80,8 +103,44 @@ def _load_builtins() -> None:
                     RuntimeWarning,
                     stacklevel=3,
                 )
+        _load_entry_points()
     finally:
         _builtins_state = "loaded"
+
+
+def _load_entry_points() -> None:
+    """Register the environments of installed packages (`ENTRY_POINT_GROUP`), lazily:
+    the factory's module is imported only when the id is used."""
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _factories:
+            _builtin_errors[f"entry point {ep.name}"] = "id already registered"
+            continue
+        if not ENV_ID_PATTERN.match(ep.name):
+            _builtin_errors[f"entry point {ep.name}"] = "invalid id (expected name-v<N>)"
+            continue
+        _factories[ep.name] = _LazyFactory(ep)
+
+
+class _LazyFactory:
+    """An entry point's factory, imported on first call (keeps `list_envs` cheap)."""
+
+    def __init__(self, ep: importlib.metadata.EntryPoint) -> None:
+        self.ep = ep
+        self._target: Callable[..., Env] | None = None
+
+    def load(self) -> Callable[..., Env]:
+        if self._target is None:
+            try:
+                self._target = self.ep.load()
+            except Exception as exc:
+                raise UnknownEnvError(
+                    f"environment {self.ep.name!r} (entry point {self.ep.value}): "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+        return self._target
+
+    def __call__(self, **kwargs: Any) -> Env:
+        return self.load()(**kwargs)
 
 
 def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = False) -> None:
@@ -119,7 +178,7 @@ def _unknown(env_id: str) -> UnknownEnvError:
     message += f"; known: {', '.join(known) or '(none)'}; or pass 'package.module:factory'"
     if _builtin_errors:
         failed = "; ".join(f"{m}: {e}" for m, e in _builtin_errors.items())
-        message += f"; built-ins that failed to import: {failed}"
+        message += f"; environments that failed to load: {failed}"
     return UnknownEnvError(" ".join(message.split()))
 
 
@@ -128,6 +187,9 @@ def _resolve_path(env_id: str) -> Callable[..., Env]:
     module_name, _, attr = env_id.partition(":")
     if not module_name or not attr:
         raise _unknown(env_id)
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:  # as `python -m` would: ./my_env.py
+        sys.path.append(cwd)
     try:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -156,11 +218,39 @@ def resolve_factory(env_id: str) -> Callable[..., Env]:
     _load_builtins()
     if env_id not in _factories:
         raise _unknown(env_id)
-    return _factories[env_id]
+    factory = _factories[env_id]
+    return factory.load() if isinstance(factory, _LazyFactory) else factory
+
+
+def check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
+    """Raise `EnvKwargsError` (one line) when `kwargs` do not fit the factory's signature:
+    an unknown name (with the closest accepted one) or a missing required argument."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # **kwargs: the factory takes anything
+    accepted = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for name in kwargs:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise EnvKwargsError(
+                f"env.kwargs.{name}: {env_id} takes no argument {name!r}{hint}; "
+                f"it takes: {', '.join(accepted) or '(none)'}"
+            )
+    try:
+        sig.bind(**kwargs)
+    except TypeError as exc:
+        raise EnvKwargsError(f"env.kwargs: {env_id}: {exc}") from None
 
 
 def build_env(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> Env:
-    """Call `factory(**kwargs)` and check that the result is an `Env` (TypeError if not)."""
+    """Call `factory(**kwargs)` and check that the result is an `Env` (TypeError if not);
+    kwargs that do not fit the factory's signature are an `EnvKwargsError`."""
+    check_kwargs(env_id, factory, kwargs)
     env = factory(**kwargs)
     if not isinstance(env, Env):
         missing = [

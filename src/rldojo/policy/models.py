@@ -14,6 +14,7 @@ allows network access). The cache lives in `$RLDOJO_CACHE` (default `~/.cache/rl
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 from pathlib import Path
@@ -87,11 +88,45 @@ def smollm2_dir() -> Path:
     return target
 
 
+def downloads_allowed() -> bool:
+    """Hub downloads only when asked for: `RLDOJO_ALLOW_DOWNLOAD=1` (`--allow-download`)."""
+    return os.environ.get("RLDOJO_ALLOW_DOWNLOAD", "") == "1"
+
+
+def check_model(name: str) -> None:
+    """Fail fast, in one line, on a model that cannot be loaded offline (before any run
+    directory, model load or network access): a built-in name, a local directory with a
+    `config.json`, or, only when downloads are allowed, a hub id."""
+    if name in BUILTIN_MODELS:
+        if name == SMOLLM2 and not (cache_dir() / "models" / SMOLLM2 / "config.json").exists():
+            smollm2_gguf_path()  # the package it is exported from must be there
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"model {name!r}: directory has no config.json (not a model "
+                                 "or checkpoint directory)")  # fmt: skip
+        return
+    # A path, not a hub id ("org/name"): explicit, deeper than org/name, or under a folder
+    # that exists here (runs/x).
+    in_folder = path.parent != Path(".") and path.parent.is_dir()
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or in_folder:
+        raise ModelLoadError(f"model {name!r}: no such directory")
+    if downloads_allowed():
+        return  # a hub id the user asked to fetch
+    close = difflib.get_close_matches(name, BUILTIN_MODELS, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ModelLoadError(
+        f"model {name!r} is neither a built-in ({', '.join(BUILTIN_MODELS)}) nor a local "
+        f"directory; {hint}a hub id needs --allow-download (or RLDOJO_ALLOW_DOWNLOAD=1)"
+    )
+
+
 def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     path = smollm2_dir() if name in BUILTIN_MODELS else name
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=not downloads_allowed())
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -123,18 +158,20 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
     """Load `(model, tokenizer)` for a built-in name, local directory or hub id."""
     from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer(name)
-    if name == TINY_RANDOM:
-        model = _tiny_random(tokenizer).to(dtype)
-    else:
-        path = smollm2_dir() if name == SMOLLM2 else name
-        offline = os.environ.get("RLDOJO_ALLOW_DOWNLOAD", "") != "1"
-        try:
+    check_model(name)
+    offline = not downloads_allowed()
+    try:
+        tokenizer = load_tokenizer(name)
+        if name == TINY_RANDOM:
+            model = _tiny_random(tokenizer).to(dtype)
+        else:
+            path = smollm2_dir() if name == SMOLLM2 else name
             model = AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=dtype, local_files_only=offline
             )
-        except OSError as exc:
-            hint = "" if not offline else " (set RLDOJO_ALLOW_DOWNLOAD=1 to fetch from the hub)"
-            raise ModelLoadError(f"cannot load model {name!r}: {exc}{hint}") from exc
+    except (OSError, ValueError) as exc:
+        hint = "" if not offline else " (set RLDOJO_ALLOW_DOWNLOAD=1 to fetch from the hub)"
+        first = " ".join(str(exc).split())[:300]
+        raise ModelLoadError(f"cannot load model {name!r}: {first}{hint}") from exc
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

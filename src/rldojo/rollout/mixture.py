@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rldojo.envs.base import Env
-from rldojo.envs.registry import make_env
+from rldojo.envs.registry import EnvKwargsError, make_env
 from rldojo.graders.base import Grader
 from rldojo.types import Rollout, Score, Task
 
@@ -42,6 +42,20 @@ def _tag(tasks: Sequence[Task], env_id: str) -> list[Task]:
     return [t if t.env == env_id else replace(t, env=env_id) for t in tasks]
 
 
+def _make(env_id: str, kwargs: Mapping[str, Any]) -> Env:
+    """Build an environment; a factory that rejects its kwargs (a ValueError or TypeError
+    other than a data file's `DataError`) is a one-line config error, not a traceback."""
+    from rldojo.data.loading import DataError
+
+    try:
+        return make_env(env_id, **kwargs)
+    except (DataError, EnvKwargsError):
+        raise
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())
+        raise EnvKwargsError(f"env.kwargs: {env_id}: {message}") from exc
+
+
 class EnvMixture:
     """Weighted environments with deterministic, resumable task draws."""
 
@@ -61,7 +75,7 @@ class EnvMixture:
         self.slots: dict[str, EnvSlot] = {}
         total = sum(w for _, _, w in entries)
         for env_id, kwargs, weight in entries:
-            env = make_env(env_id, **kwargs)
+            env = _make(env_id, kwargs)
             n_test = max(1, round(test_n * weight / total)) if test_n else 1
             slot = EnvSlot(
                 env_id,

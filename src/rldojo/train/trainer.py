@@ -1,6 +1,6 @@
 """The trainer: GRPO-family policy gradient where only forking tokens carry gradient.
 
-`Trainer.step()` is the whole data flow of DESIGN.md, top to bottom:
+`Trainer.step()` is the whole data flow, top to bottom:
 
     draw tasks -> roll out G samples per task -> grade -> ledger (durable)
     -> drop groups without signal (dynamic sampling, refill, else partial batch)
@@ -30,26 +30,21 @@ import torch
 
 from rldojo.config import TrainConfig, dump_config
 from rldojo.eval.harness import EvalResult, evaluate
-from rldojo.policy.models import load_model
+from rldojo.policy.models import check_model, load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.rollout.env_workers import EnvWorkerPool
-from rldojo.rollout.mixture import EnvMixture, MixtureGrader
+from rldojo.rollout.mixture import MixtureGrader
 from rldojo.rollout.pipeline import AsyncRollouts, Watchdog
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
+from rldojo.train.preflight import build_mixture, env_entries
 from rldojo.train.resources import resolve_resources
 from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
 from rldojo.train.update import PolicyUpdate, token_advantages
 from rldojo.types import Rollout, SamplingParams, Score, Task
-
-
-def _load_grader(spec: Any) -> Any:
-    from rldojo.graders import load
-
-    return load(spec)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -88,25 +83,21 @@ class Trainer:
         self.config, self.precision, self.threads = resolve_resources(config)
         cfg = self.config
         self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
-        entries = [(e.id, e.kwargs, e.weight) for e in cfg.env.mix] or [
-            (cfg.env.id, cfg.env.kwargs, 1.0)
-        ]
-        override = None if cfg.grader.spec is None else _load_grader(cfg.grader.spec)
-        self.envs = EnvMixture(
-            entries,
-            seed=cfg.run.seed,
-            train_n=cfg.env.train_tasks,
-            test_n=cfg.eval.tasks,
-            grader=override,
-        )
+        # Everything that can be wrong with the input is found before the run directory
+        # exists or a model loads: environment ids and kwargs, data files, the grader
+        # spec here, the model name just below.
+        entries = env_entries(cfg)
+        self.envs = build_mixture(cfg)
         self.grader = self.envs.grader()
         self.test_tasks = self.envs.test_tasks
         self.curriculum = self._curriculum() if cfg.curriculum.enabled else None
+        checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+        if checkpoint is None or cfg.loss.kl_coef > 0:  # the KL reference loads the base
+            check_model(cfg.model.name)
+        run_dir.mkdir(parents=True, exist_ok=True)
         # First, and atomically: a run killed at any later point can be resumed from it.
         write_atomically(run_dir / "config.toml", dump_config(cfg))
-        checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
         self.model.train()
         self.policy = TransformersPolicy(

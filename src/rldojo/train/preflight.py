@@ -1,0 +1,155 @@
+"""`rldojo train --dry-run`: validate everything, print the resolved config and the plan.
+
+Nothing is written and no run directory is created. The same checks run at the start of
+every real run (`Trainer.__init__`), before its run directory exists: environment ids and
+kwargs (against the factory's signature), data files, the grader spec, the model name
+(offline unless downloads are allowed). The dry run then loads the model (to count its
+parameters and tokenise one prompt) and prints an estimate of the run's time from the
+cached matmul probe (`rldojo.hardware.precision`).
+
+The estimate is an upper bound in the sense that every sample is assumed to use all of
+`sampling.max_new_tokens`; real completions are usually shorter. Its two efficiency
+factors (how much of the probe's GFLOP/s decoding and training reach) were measured on
+SmolLM2-135M on 2-core EPYC machines of both CPU kinds (issue 11): about 0.4 for the
+batched decode loop and 0.7 for the training forward/backward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from rldojo.config import TrainConfig, dump_config
+
+DECODE_EFFICIENCY = 0.4
+"""Share of the probe's matmul rate the batched decode loop reaches (SmolLM2, 2 cores)."""
+TRAIN_EFFICIENCY = 0.7
+"""Share of the probe's matmul rate the training forward + backward reaches."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: int
+    samples_per_step: int
+    max_samples_per_step: int
+    eval_tasks: int
+    evaluations: int
+    parameters: int
+    prompt_tokens: int
+    gflops: float
+    step_s: float
+    eval_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.steps * self.step_s + self.evaluations * self.eval_s
+
+    def lines(self) -> list[str]:
+        return [
+            f"steps: {self.steps}, each {self.samples_per_step} samples "
+            f"(up to {self.max_samples_per_step} with dynamic-sampling refills)",
+            f"held-out evaluation: {self.eval_tasks} tasks x {self.evaluations} evaluations",
+            f"model: {self.parameters / 1e6:.1f}M parameters; a prompt is ~{self.prompt_tokens}"
+            " tokens",
+            f"estimate (matmul probe {self.gflops:.0f} GFLOP/s, every sample at max_new_tokens):"
+            f" ~{self.step_s:.0f} s a step, ~{self.eval_s:.0f} s an evaluation, "
+            f"~{self.total_s / 60:.1f} min in all",
+        ]
+
+
+def env_entries(config: TrainConfig) -> list[tuple[str, dict[str, Any], float]]:
+    """`(env id, kwargs, weight)` of every environment the run draws from."""
+    return [(e.id, e.kwargs, e.weight) for e in config.env.mix] or [
+        (config.env.id, config.env.kwargs, 1.0)
+    ]
+
+
+def build_mixture(config: TrainConfig) -> Any:
+    """The run's environments (each built once: ids, kwargs and data files checked) with
+    the grader spec's grader, if one replaces the environments' own."""
+    from rldojo.graders import load
+    from rldojo.rollout.mixture import EnvMixture
+
+    grader = None if config.grader.spec is None else load(config.grader.spec)
+    return EnvMixture(
+        env_entries(config),
+        seed=config.run.seed,
+        train_n=config.env.train_tasks,
+        test_n=config.eval.tasks,
+        grader=grader,
+    )
+
+
+def check_inputs(config: TrainConfig) -> Any:
+    """Validate the environments, data files, grader spec and model name; returns the
+    environment mixture. Raises the one-line user errors the CLI reports."""
+    from rldojo.policy.models import check_model
+
+    mixture = build_mixture(config)
+    check_model(config.model.name)
+    return mixture
+
+
+def _prompt_tokens(mixture: Any, tokenizer: Any) -> int:
+    slot = next(iter(mixture.slots.values()))
+    if not slot.train_tasks:
+        return 0
+    task = slot.train_tasks[0]
+    env = mixture.make_env_for(task)
+    observation = asyncio.run(env.reset(task, seed=0))
+    text = tokenizer.apply_chat_template(
+        observation.messages, tokenize=False, add_generation_prompt=True
+    )
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gflops: float) -> Plan:
+    """The run's size and a time estimate (see the module docstring)."""
+    ro, n_new = config.rollout, config.sampling.max_new_tokens
+    params = sum(p.numel() for p in model.parameters())
+    prompt = _prompt_tokens(mixture, tokenizer)
+    samples = ro.prompts_per_step * ro.group_size
+    rounds = 1 + (ro.max_extra_rounds if ro.dynamic_sampling else 0)
+    rate = max(gflops, 1e-3) * 1e9
+    generate_s = 2 * params * samples * n_new / (rate * DECODE_EFFICIENCY)
+    train_s = 6 * params * samples * (n_new + prompt / ro.group_size) / (rate * TRAIN_EFFICIENCY)
+    eval_new = config.eval.max_new_tokens or n_new
+    eval_tasks = len(mixture.test_tasks) if config.eval.tasks else 0
+    evaluations = 0
+    if eval_tasks:
+        evaluations = 2 + (config.run.steps // config.eval.every if config.eval.every else 0)
+    eval_s = 2 * params * eval_tasks * (eval_new + prompt) / (rate * DECODE_EFFICIENCY)
+    return Plan(
+        steps=config.run.steps,
+        samples_per_step=samples,
+        max_samples_per_step=samples * rounds,
+        eval_tasks=eval_tasks,
+        evaluations=evaluations,
+        parameters=params,
+        prompt_tokens=prompt,
+        gflops=gflops,
+        step_s=generate_s + train_s,
+        eval_s=eval_s,
+    )
+
+
+def dry_run(config: TrainConfig, console: Any) -> Plan:
+    """Validate, resolve and describe the run without writing anything."""
+    from rldojo.hardware.precision import cached_probe
+    from rldojo.policy.models import load_model
+    from rldojo.train.resources import resolve_resources
+
+    resolved, precision, threads = resolve_resources(config)
+    mixture = check_inputs(resolved)
+    model, tokenizer = load_model(resolved.model.name)
+    probe = precision.probe or cached_probe()
+    gflops = probe.bf16 if precision.generation_dtype == "bfloat16" else probe.fp32
+    plan = make_plan(resolved, mixture, model, tokenizer, gflops)
+    console.print(dump_config(resolved), markup=False, highlight=False)
+    console.print(f"precision: {precision.generation_dtype} ({precision.reason})", soft_wrap=True)
+    console.print(f"threads: {threads.describe()}", soft_wrap=True)
+    for line in plan.lines():
+        console.print(line, soft_wrap=True)
+    console.print("dry run: nothing was written", soft_wrap=True)
+    return plan

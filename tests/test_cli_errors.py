@@ -1,0 +1,164 @@
+"""A new user's mistakes: each is one line naming the file/key/field, a non-zero exit,
+found before a run directory exists or a model loads, and nothing touches the network."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from rldojo import cli
+from rldojo.cli import app
+
+runner = CliRunner()
+
+TINY = ["--set", "model.name=tiny-random", "--set", "rollout.prompts_per_step=2",
+        "--set", "rollout.group_size=2", "--set", "sampling.max_new_tokens=4",
+        "--set", "eval.tasks=2", "--set", "run.steps=1"]  # fmt: skip
+
+
+def _lines(result) -> list[str]:
+    return [x for x in result.output.splitlines() if x.strip()]
+
+
+def _one_line_error(result, *needles: str) -> str:
+    assert result.exit_code == 2, result.output
+    lines = _lines(result)
+    assert len(lines) == 1, result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if anything tries to load a model (or reach the hub)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr("rldojo.policy.models._tiny_random", refuse)
+
+
+def test_env_kwarg_typo_is_one_line_before_the_run_dir(tmp_path, no_model_load):
+    config = tmp_path / "c.toml"
+    config.write_text(f'[env]\nid = "arith-v1"\nkwargs = {{ levls = [1] }}\n'
+                      f'[run]\noutput_dir = "{tmp_path / "runs"}"\n')  # fmt: skip
+    result = runner.invoke(app, ["train", str(config), *TINY])
+    _one_line_error(result, "c.toml", "env.kwargs.levls", "did you mean 'levels'")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_env_kwarg_value_the_factory_rejects_is_one_line(tmp_path, no_model_load):
+    out = f"run.output_dir={tmp_path / 'runs'}"
+    result = runner.invoke(app, ["train", *TINY, "--set", "env.kwargs={levels=[9]}",
+                                 "--set", out])  # fmt: skip
+    _one_line_error(result, "env.kwargs: arith-v1", "levels")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unknown_env_is_found_before_the_run_dir_and_the_model(tmp_path, no_model_load):
+    result = runner.invoke(
+        app, ["train", *TINY, "--set", "env.id=arith-v2", "--set", f"run.output_dir={tmp_path}"]
+    )
+    _one_line_error(result, "unknown environment 'arith-v2'", "did you mean 'arith-v1'")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_model_directory_is_one_line(tmp_path, no_model_load):
+    missing = tmp_path / "checkpoints" / "step_000009"
+    result = runner.invoke(
+        app,
+        ["train", *TINY, "--set", f"model.name={missing}", "--set", f"run.output_dir={tmp_path}"],
+    )
+    _one_line_error(result, "no such directory")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["train", *TINY, "--set", f"model.name={tmp_path / 'empty'}"])
+    _one_line_error(result, "no config.json")
+
+
+def test_model_name_typo_does_not_go_to_the_network(tmp_path, no_model_load, monkeypatch):
+    monkeypatch.delenv("RLDOJO_ALLOW_DOWNLOAD", raising=False)
+    result = runner.invoke(
+        app, ["train", *TINY, "--set", "model.name=smollm2-135m-instrcut",
+              "--set", f"run.output_dir={tmp_path}"],
+    )  # fmt: skip
+    _one_line_error(result, "neither a built-in", "did you mean 'smollm2-135m-instruct'",
+                    "--allow-download")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_compare_checkpoint_fails_before_evaluating_the_first_model(
+    tmp_path, no_model_load
+):
+    result = runner.invoke(app, ["eval", "--model", "tiny-random", "--env", "arith-v1",
+                                 "--tasks", "2", "--compare", str(tmp_path / "nope")])  # fmt: skip
+    _one_line_error(result, str(tmp_path / "nope"), "no such directory")
+
+
+def test_missing_grade_data_file_is_one_line(tmp_path):
+    spec = tmp_path / "g.json"
+    spec.write_text(json.dumps({"type": "string_check", "name": "s", "operation": "eq",
+                                "input": "{{sample.output_text}}", "reference": "a"}))  # fmt: skip
+    rows, out = tmp_path / "rows.jsonl", tmp_path / "o.jsonl"
+    result = runner.invoke(
+        app, ["grade", "--grader", str(spec), "--data", str(rows), "--out", str(out)]
+    )
+    _one_line_error(result, "rows.jsonl", "no such file")
+
+
+def test_resume_of_a_directory_that_is_no_run_is_one_line(tmp_path):
+    result = runner.invoke(app, ["train", "--resume", str(tmp_path)])
+    _one_line_error(result, "not a run directory")
+
+
+def test_config_without_model_or_run_says_which_defaults_apply(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[env]\nid = "arith-v1"\n')
+    small = ["--set", "eval.tasks=2", "--set", "sampling.max_new_tokens=4"]
+    result = runner.invoke(app, ["train", str(config), "--dry-run", *small])
+    assert result.exit_code == 0, result.output
+    assert f"note: {config} has no [model]: using the default" in result.output
+    assert f"note: {config} has no [run]: using the default (12 steps)" in result.output
+    result = runner.invoke(app, ["train", str(config), "--dry-run", *TINY])  # --set model.*
+    assert result.exit_code == 0, result.output
+    assert "note:" not in result.output
+
+
+def test_dry_run_prints_the_resolved_config_and_plan_and_writes_nothing(tmp_path):
+    result = runner.invoke(
+        app, ["train", "--dry-run", *TINY, "--set", f"run.output_dir={tmp_path / 'runs'}"]
+    )
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert 'name = "tiny-random"' in out and "[loss]" in out  # the resolved config
+    assert 'generation_dtype = "float32"' in out or 'generation_dtype = "bfloat16"' in out
+    assert "steps: 1, each 4 samples" in out
+    assert "held-out evaluation: 2 tasks x 2 evaluations" in out
+    assert "min in all" in out and "dry run: nothing was written" in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk on fire\nsecond line")
+
+    monkeypatch.setattr("rldojo.envs.registry.list_envs", boom)
+    monkeypatch.setattr(sys, "argv", ["rldojo", "envs"])
+    monkeypatch.setitem(cli._debug, "on", False)
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 1
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+    assert lines == ["error: RuntimeError: disk on fire second line (rldojo --debug ... shows "
+                     "the traceback)"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["rldojo", "--debug", "envs"])
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        cli.main()
