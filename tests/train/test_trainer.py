@@ -179,3 +179,24 @@ def test_trainer_entropy_source_matches_the_sampler(tmp_path):
     mask = batch.policy_mask
     assert mask.any()
     assert torch.allclose(recomputed[mask], batch.sampler_entropy[mask], atol=1e-3)
+
+
+def test_logs_mark_eval_rows_samples_carry_prompt_and_components_and_resume_adds_no_tb_file(
+    tmp_path,
+):
+    cfg = _config(tmp_path, "run.steps=1", "run.name=logs")
+    run_training(cfg)
+    run = tmp_path / "logs"
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    kinds = [(r["step"], r["kind"]) for r in records]
+    assert kinds == [(0, "eval"), (1, "train"), (1, "eval")]  # before, step 1, after
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples
+    for s in samples:
+        assert s["prompt"] and s["prompt"][-1]["role"] == "user"
+        assert all(m["role"] != "assistant" for m in s["prompt"])
+        assert isinstance(s["components"], dict) and s["components"]
+    events = sorted(p.name for p in (run / "tensorboard").iterdir())
+    assert len(events) == 1
+    run_training(cfg, run_dir=run, resume=True)  # finished: nothing to do, nothing logged
+    assert sorted(p.name for p in (run / "tensorboard").iterdir()) == events

@@ -14,34 +14,51 @@ from typing import Any
 
 
 class MetricsLogger:
-    """Writes one JSON object per step to `metrics.jsonl` and scalars to TensorBoard."""
+    """Writes one JSON object per record to `metrics.jsonl` and scalars to TensorBoard.
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
+    Each record has `step` and `kind`: `train` for a step's metrics, `eval` for an
+    evaluation logged at that step (they share step numbers). The TensorBoard writer is
+    opened on the first record, so an invocation that logs nothing (a resume of a
+    finished run) adds no event file; `resume_step` makes TensorBoard drop the events
+    after that step that an earlier, killed invocation wrote (they are redone).
+    """
+
+    def __init__(
+        self, run_dir: Path, *, tensorboard: bool = True, resume_step: int | None = None
+    ) -> None:
         self.path = run_dir / "metrics.jsonl"
+        self._run_dir = run_dir
         self._file = self.path.open("a", encoding="utf-8")
+        self._want_tb = tensorboard
+        self._resume_step = resume_step
         self._tb: Any = None
-        if tensorboard:
+
+    def _writer(self) -> Any:
+        if self._tb is None and self._want_tb:
             try:
                 from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is a dependency, but keep the run alive
+                self._want_tb = False
+                return None
+            purge = None if self._resume_step is None else self._resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(self._run_dir / "tensorboard"), purge_step=purge)
+        return self._tb
 
-                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-            except ImportError:  # tensorboard is a dependency, but keep the run alive without it
-                self._tb = None
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+    def log(self, step: int, metrics: dict[str, Any], *, kind: str = "train") -> None:
+        record = {"step": step, "kind": kind, **{k: _jsonable(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        if self._tb is None:
+        tb = self._writer()
+        if tb is None:
             return
         for key, value in metrics.items():
             if isinstance(value, bool):
                 value = int(value)
             if isinstance(value, int | float) and math.isfinite(value):
-                self._tb.add_scalar(key, value, step)
+                tb.add_scalar(key, value, step)
             elif isinstance(value, str | list):
-                self._tb.add_text(key, str(value), step)
-        self._tb.flush()
+                tb.add_text(key, str(value), step)
+        tb.flush()
 
     def close(self) -> None:
         self._file.close()

@@ -153,11 +153,20 @@ class Ledger:
     def samples(self, step: int, limit: int = 4) -> list[dict[str, Any]]:
         """A few graded rollouts of `step`, for reading."""
         rows = self._db.execute(
-            "SELECT task_id, completion, score_value, score_status FROM rollouts"
-            " WHERE step = ? ORDER BY id LIMIT ?",
+            "SELECT task_id, messages, completion, score_value, score_status, components"
+            " FROM rollouts WHERE step = ? ORDER BY id LIMIT ?",
             (step, limit),
         )
-        return [{"task_id": t, "completion": c, "reward": v, "status": st} for t, c, v, st in rows]
+        out = []
+        for task_id, messages, completion, value, status, components in rows:
+            conversation = json.loads(messages)
+            first = next((i for i, m in enumerate(conversation) if m["role"] == "assistant"),
+                         len(conversation))  # fmt: skip
+            out.append({
+                "task_id": task_id, "prompt": conversation[:first], "completion": completion,
+                "reward": value, "components": json.loads(components), "status": status,
+            })  # fmt: skip
+        return out
 
     def step_metrics(self) -> list[dict[str, Any]]:
         """Metrics of every finished step, in order."""

@@ -3,8 +3,10 @@
 `run_training` is what `rldojo train` calls. It owns the run directory layout:
 
     RUN/config.toml        the config as used (after --set overrides)
-    RUN/metrics.jsonl      one JSON object per step (also RUN/tensorboard/)
-    RUN/samples.jsonl      a few graded samples per step, for reading
+    RUN/metrics.jsonl      one JSON object per step ("kind": "train") and per evaluation
+                           ("kind": "eval"); also RUN/tensorboard/
+    RUN/samples.jsonl      a few graded samples per step (prompt, completion, reward and
+                           its components, status), for reading
     RUN/ledger.sqlite      every graded rollout (durable, before training on it)
     RUN/checkpoints/       step_NNNNNN/ (safetensors + optimizer + RNG + step)
     RUN/summary.json       held-out accuracy before/after, timings
@@ -83,8 +85,8 @@ def run_training(
     console = console or Console()
     run_dir = run_dir or new_run_dir(config)
     started = time.perf_counter()
+    trainer = Trainer(config, run_dir, resume=resume)  # checks every input first
     console.print(f"[bold]rldojo train[/] {config.model.name} on {config.env.id} -> {run_dir}")
-    trainer = Trainer(config, run_dir, resume=resume)
     p = trainer.precision
     console.print(
         f"precision: generation {p.generation_dtype}, training fp32"
@@ -96,17 +98,19 @@ def run_training(
         resumed = latest_checkpoint(run_dir / "checkpoints") is not None
         _trim_logs(run_dir, trainer.step_num if resumed else None)
     start = trainer.step_num
-    logger = MetricsLogger(run_dir)
+    logger = MetricsLogger(run_dir, resume_step=trainer.step_num if resume else None)
     try:
         if config.eval.tasks and "before" not in trainer.evals:
             _report_eval(console, "before", trainer.evaluate("before"))
-            logger.log(trainer.step_num, {"eval/accuracy": trainer.evals["before"]["accuracy"]})
+            before = trainer.evals["before"]["accuracy"]
+            logger.log(trainer.step_num, {"eval/accuracy": before}, kind="eval")
         _train_steps(config, trainer, logger, console)
         # Evaluated before the final checkpoint, which keeps the result: a run resumed
         # from that checkpoint has nothing left to do (and logs nothing twice).
         if config.eval.tasks and (trainer.step_num > start or "after" not in trainer.evals):
             _report_eval(console, "after", trainer.evaluate("after"))
-            logger.log(trainer.step_num, {"eval/accuracy": trainer.evals["after"]["accuracy"]})
+            after = trainer.evals["after"]["accuracy"]
+            logger.log(trainer.step_num, {"eval/accuracy": after}, kind="eval")
         trainer.save()
         summary = _summary(config, trainer, time.perf_counter() - started)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -136,7 +140,7 @@ def _train_steps(
             progress.console.print(_step_line(trainer.step_num, metrics), soft_wrap=True)
             if config.eval.every and trainer.step_num % config.eval.every == 0:
                 result = trainer.evaluate(f"step_{trainer.step_num}")
-                logger.log(trainer.step_num, result.metrics())
+                logger.log(trainer.step_num, result.metrics(), kind="eval")
             every = config.run.checkpoint_every  # after the step's logs and evaluation
             if every and trainer.step_num % every == 0 and trainer.step_num < config.run.steps:
                 trainer.save()
