@@ -16,7 +16,8 @@ use before torch loads (an approximation: clock and caches stay this CPU's):
 On such a CPU forced bf16 is ~30x slower per matmul; `--skip-bf16` leaves that run out.
 
 Usage: python benchmarks/precision.py [--steps 2] [--model smollm2-135m-instruct]
-Writes benchmarks/results/precision[-<capability>].json. Run on an idle machine.
+Writes benchmarks/results/precision-<capability>[-capped].json (one per CPU kind).
+Run on an idle machine.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ def main() -> None:
         "target_ratio": 1.15,
         "wall_s": time.perf_counter() - started,
     }
-    suffix = "" if ENV_CAPS[0] not in os.environ else f"-{capability.lower()}"
-    path = RESULTS / f"precision{suffix}.json"
+    capped = "-capped" if any(k in os.environ for k in ENV_CAPS) else ""
+    path = RESULTS / f"precision-{capability.lower()}{capped}.json"  # one file per CPU kind
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2))
     for name in names:
