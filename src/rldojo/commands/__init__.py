@@ -14,4 +14,5 @@ COMMAND_MODULES = (
     "rldojo.commands.entropy",
     "rldojo.commands.distill",
     "rldojo.commands.ledger",
+    "rldojo.commands.new_env",
 )
