@@ -60,18 +60,15 @@ def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any
     that is not valid JSON, or a record that is not an object.
     """
     p = Path(path)
-    if not p.is_file():
-        raise DataError(p, None, "no such file" if not p.exists() else "not a file")
     suffix = _suffix(p)
-    if suffix in PARQUET_SUFFIXES:
-        yield from _read_parquet(p)
-    elif suffix in JSON_SUFFIXES:
-        yield from _read_json(p)
-    else:
+    if suffix not in PARQUET_SUFFIXES + JSON_SUFFIXES:
         known = ", ".join(JSON_SUFFIXES + PARQUET_SUFFIXES)
         raise DataError(
             p, None, f"unsupported file type {suffix or '(none)'!r}; use one of {known}"
         )
+    if not p.is_file():
+        raise DataError(p, None, "no such file" if not p.exists() else "not a file")
+    yield from _read_parquet(p) if suffix in PARQUET_SUFFIXES else _read_json(p)
 
 
 def _read_json(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
