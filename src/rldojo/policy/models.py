@@ -79,9 +79,14 @@ def _export_smollm2(target: Path) -> None:
             raise
 
 
+def _smollm2_export() -> Path:
+    """Where the safetensors export of SmolLM2 lives (or will live) in the cache."""
+    return cache_dir() / "models" / SMOLLM2
+
+
 def smollm2_dir() -> Path:
     """A safetensors copy of SmolLM2-135M-Instruct, exported from the GGUF on first use."""
-    target = cache_dir() / "models" / SMOLLM2
+    target = _smollm2_export()
     if not (target / "config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         _export_smollm2(target)
@@ -98,7 +103,7 @@ def check_model(name: str) -> None:
     directory, model load or network access): a built-in name, a local directory with a
     `config.json`, or, only when downloads are allowed, a hub id."""
     if name in BUILTIN_MODELS:
-        if name == SMOLLM2 and not (cache_dir() / "models" / SMOLLM2 / "config.json").exists():
+        if name == SMOLLM2 and not (_smollm2_export() / "config.json").exists():
             smollm2_gguf_path()  # the package it is exported from must be there
         return
     path = Path(name).expanduser()
