@@ -45,9 +45,10 @@ def fail(message: str) -> None:
 def user_errors() -> tuple[type[Exception], ...]:
     from rldojo.data.loading import DataError
     from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
+    from rldojo.graders.openai_templates import TemplateError
     from rldojo.policy.models import ModelLoadError
 
-    return (ConfigError, DataError, UnknownEnvError, EnvKwargsError, ModelLoadError)
+    return (ConfigError, DataError, UnknownEnvError, EnvKwargsError, ModelLoadError, TemplateError)
 
 
 def main() -> None:

@@ -61,7 +61,13 @@ class EnvConfig(_Section):
 class GraderConfig(_Section):
     spec: str | dict[str, Any] | None = None
     """A grader spec (OpenAI grader JSON/TOML file path, or an inline table) that replaces
-    the environment's default grader; see `rldojo.graders.load`."""
+    the environment's default grader; see `rldojo.graders.load`. Its `{{item.x}}` templates
+    are checked against the environments' tasks before the run starts."""
+    pass_threshold: float | None = None
+    """A sample passes (`reward/pass_rate`, held-out accuracy, the curriculum) when its
+    score has a `correct` component of 1, else when its value is at least this. None: the
+    spec's `pass_threshold` when a spec is given, else 1.0. Set it for graders with partial
+    credit, or "pass 0.00" sits beside a positive mean reward."""
 
 
 class SamplingConfig(_Section):
@@ -169,7 +175,9 @@ class CurriculumSection(_Section):
     """A task is saturated when its last `window` groups were all-correct (or all-wrong)."""
     mode: Literal["downweight", "retire"] = "downweight"
     saturated_weight: float = Field(0.1, ge=0.0, le=1.0)
-    pass_threshold: float = 1.0
+    """Draw weight of a saturated task in `downweight` mode (1.0 = never down-weighted)."""
+    pass_threshold: float | None = None
+    """What counts as correct for saturation; None: the run's (`grader.pass_threshold`)."""
 
 
 class EvalConfig(_Section):
@@ -179,6 +187,9 @@ class EvalConfig(_Section):
     """None: same as sampling.max_new_tokens."""
     every: int = Field(0, ge=0)
     """Also evaluate every K steps (0: only before and after)."""
+
+
+Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]
 
 
 class RunConfig(_Section):
@@ -198,6 +209,10 @@ class RunConfig(_Section):
     """`ray`: rollout workers (generation, environments, grading) run as Ray actors."""
     ray_address: str | None = None
     """An existing Ray cluster (`ray://host:10001`, `auto`); None starts a local instance."""
+    report_to: list[Tracker] = Field(default_factory=lambda: list[Tracker](["tensorboard"]))
+    """Metric sinks besides `metrics.jsonl` (always written), as TRL's `report_to`:
+    `tensorboard` (RUN/tensorboard/), `wandb`, `trackio`, `mlflow` (extra `trackers`:
+    `pip install 'rldojo[trackers]'`); `[]` for the JSONL file alone."""
 
 
 class TrainConfig(_Section):

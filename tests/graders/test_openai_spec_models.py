@@ -271,3 +271,46 @@ def test_python_grader_failures_are_statuses(sandbox, source, status, message):
 def test_python_grader_source_is_checked_at_load_without_running_it(source, message):
     with pytest.raises(GraderSpecError, match=message):
         load(python_spec(source), cache=False)
+
+
+@pytest.mark.parametrize(
+    ("extra", "value", "status"),
+    [
+        ({}, "7.5", "invalid"),  # OpenAI's graders return [0, 1]
+        ({}, "-0.5", "invalid"),
+        ({}, "1.0", "ok"),
+        ({"score_range": [-1, 10]}, "7.5", "ok"),
+        ({"score_range": [-1, 10]}, "-1", "ok"),
+        ({"score_range": [-1, 10]}, "10.5", "invalid"),
+    ],
+)
+def test_python_grader_results_outside_score_range_are_invalid(sandbox, extra, value, status):
+    source = f"def grade(sample, item):\n    return {value}\n"
+    score = grade(python_spec(source, **extra), "x")
+    assert score.status == status
+    if status == "ok":
+        assert score.value == float(value)
+    else:
+        assert score.value is None and "outside score_range" in score.explanation
+
+
+@pytest.mark.parametrize("bad", [[1, 0], [0], "0..1", [0, float("inf")], [True, 2]])
+def test_python_grader_score_range_is_checked_at_load(bad):
+    spec = python_spec("def grade(sample, item):\n    return 1\n", score_range=bad)
+    with pytest.raises(GraderSpecError, match=r"spec\.score_range: expected \[low, high\]"):
+        load(spec, cache=False)
+
+
+def test_python_grader_printing_10_mb_keeps_its_result(sandbox):
+    # print() goes to stderr while grade() runs: the result line on stdout survives
+    source = "def grade(sample, item):\n    print('x' * 10_000_000)\n    return 0.25\n"
+    score = grade(python_spec(source), "x")
+    assert score.status == "ok" and score.value == 0.25
+
+
+def test_python_grader_flooding_stdout_is_named(sandbox):
+    # a write below print() floods the captured stdout and pushes the result out
+    source = "import os\ndef grade(sample, item):\n    os.write(1, b'x' * 3_000_000)\n    return 1\n"
+    score = grade(python_spec(source), "x")
+    assert score.status == "error" and score.value is None
+    assert "more output than the sandbox keeps" in score.explanation

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 GraderOpt = Annotated[str, typer.Option("--grader", help="Grader spec: .json/.toml file or JSON")]
 CacheOpt = Annotated[
@@ -56,11 +57,18 @@ def grade(
 
     from rldojo.cli import console, fail, user_errors
     from rldojo.graders.loading import load
-    from rldojo.graders.offline import grade_rows, read_grade_rows, summarize, write_scored
+    from rldojo.graders.offline import (
+        check_row_templates,
+        grade_rows,
+        read_grade_rows,
+        summarize,
+        write_scored,
+    )
 
     try:
         rows = read_grade_rows(data)
         spec_grader = load(grader, cache=_cache(cache))
+        check_row_templates(spec_grader, rows, str(data))
     except user_errors() as exc:
         fail(str(exc))
         return
@@ -87,6 +95,21 @@ def grade(
     target = summary or out.with_name(out.name + ".summary.json")
     target.write_text(json.dumps(result, indent=2) + "\n")
     _print_summary(console, result, out, target)
+    _exit_if_all_failed(console, scores)
+
+
+def _exit_if_all_failed(console: Any, scores: list[Any]) -> None:
+    """Exit 1 when no row was scored (every one `error`, `timeout` or `invalid`): an
+    unreachable judge or a broken grader, not a result. The outputs are written first."""
+    if not scores or any(s.ok for s in scores):
+        return
+    first = next((s.explanation for s in scores if s.explanation), "")
+    console.print(
+        f"[red]error:[/] no row was scored ({len(scores)} failed); the first: "
+        f"{escape(' '.join(first.split())[:300])}",
+        soft_wrap=True,
+    )
+    raise typer.Exit(1)
 
 
 def _print_summary(console: Any, result: dict[str, Any], out: Path, target: Path) -> None:
@@ -124,10 +147,12 @@ def eval_judge(
     from rldojo.cli import console, fail, user_errors
     from rldojo.graders.loading import load
     from rldojo.graders.meta_eval import evaluate_judge, read_labels
+    from rldojo.graders.offline import check_row_templates
 
     try:
         rows, human = read_labels(str(labels), label_field)
         spec_grader = load(grader, cache=_cache(cache))
+        check_row_templates(spec_grader, rows, str(labels))
     except user_errors() as exc:
         fail(str(exc))
         return
@@ -161,3 +186,10 @@ def eval_judge(
         console.print(f"position bias: {report['position_bias'] or 'n/a (not a group judge)'}")
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")
+    if rows and not agree["scored"]:
+        console.print(
+            f"[red]error:[/] the judge scored none of the {len(rows)} rows "
+            f"(statuses {report['statuses']})",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)

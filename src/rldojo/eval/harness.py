@@ -87,13 +87,15 @@ async def evaluate(
     *,
     seed: int = 0,
     grade_timeout_s: float = 30.0,
+    pass_threshold: float = 1.0,
 ) -> EvalResult:
-    """Run each task once with `sampling` and summarise the graded results."""
+    """Run each task once with `sampling` and summarise the graded results (a task is
+    correct when `passed(score, pass_threshold)`)."""
     requests = [(task, 0, seed + i) for i, task in enumerate(tasks)]
     rollouts: list[Rollout] = await collect_rollouts(make_env, policy, requests, sampling)
     scores = await grade_rollouts(grader, rollouts, list(tasks), timeout_s=grade_timeout_s)
     ok = [s for s in scores if s.ok]
-    k = sum(passed(s) for s in scores)
+    k = sum(passed(s, pass_threshold) for s in scores)
     rows = [
         {
             "task_id": t.id,
@@ -101,7 +103,7 @@ async def evaluate(
             "completion": r.completion,
             "value": s.value,
             "status": s.status,
-            "passed": passed(s),
+            "passed": passed(s, pass_threshold),
         }
         for t, r, s in zip(tasks, rollouts, scores, strict=True)
     ]

@@ -240,8 +240,16 @@ def make_backend(config: Mapping[str, Any], path: str) -> JudgeBackend:
 class SpecGrader:
     """A grader loaded from a spec, with the judges and cache it shares (`context`)."""
 
-    def __init__(self, grader: Grader, context: LoadContext, pass_threshold: float) -> None:
+    def __init__(
+        self,
+        grader: Grader,
+        context: LoadContext,
+        pass_threshold: float,
+        spec: Mapping[str, Any] | None = None,
+    ) -> None:
         self.grader = grader
+        self.spec: Mapping[str, Any] = spec or {}
+        """The grader's spec as loaded (its templates are checked against data up front)."""
         self.context = context
         self.name = grader.name
         self.pass_threshold = pass_threshold
@@ -329,7 +337,8 @@ def load(
     grader = context.build(inner, "spec")
     if threshold is None:
         threshold = getattr(grader, "pass_threshold", None)
-    return SpecGrader(grader, context, float(threshold) if threshold is not None else 1.0)
+    threshold = float(threshold) if threshold is not None else 1.0
+    return SpecGrader(grader, context, threshold, spec=inner)
 
 
 def _register_builtin_types() -> None:

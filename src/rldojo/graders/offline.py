@@ -34,6 +34,7 @@ from rldojo.types import Rollout, Score, Task
 
 __all__ = [
     "GradeRow",
+    "check_row_templates",
     "grade_rows",
     "read_grade_rows",
     "row_task_rollout",
@@ -97,6 +98,20 @@ def row_task_rollout(row: GradeRow, index: int = 0) -> tuple[Task, Rollout]:
         info={"sample": row.sample, "line": row.line},
     )
     return task, rollout
+
+
+def check_row_templates(grader: Any, rows: Sequence[GradeRow], where: str) -> None:
+    """`TemplateError` if a template of the grader's spec resolves in none of `rows`
+    (`rldojo.graders.template_check`); graders without a spec are not checked."""
+    from rldojo.graders.openai_templates import item_view, sample_view
+    from rldojo.graders.template_check import check_spec_templates
+
+    spec = getattr(grader, "spec", None)
+    if not spec:
+        return
+    pairs = [row_task_rollout(row) for row in rows]
+    views = [(sample_view(r), item_view(t)) for t, r in pairs]
+    check_spec_templates(spec, views, f"the {len(rows)} rows of {where}")
 
 
 async def _bounded(coro: Any, gate: asyncio.Semaphore, timeout_s: float, n: int) -> list[Score]:

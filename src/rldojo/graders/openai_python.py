@@ -8,9 +8,16 @@ runs in `rldojo.sandbox` (bubblewrap, rlimits, seccomp; see that package) with t
 and the JSON of `sample` and `item` as files, calls ``grade`` and prints the result on a
 marker line. Nothing of the grader runs in our process.
 
-Outcomes: a finite number -> `ok` with that value; ``grade`` raised or the result is not
-a number -> `error` / `invalid` with the sandbox's last line of stderr; wall-clock limit
--> `timeout`; memory or sandbox failure -> `error`. Never a reward of 0.
+Outcomes: a finite number in `score_range` -> `ok` with that value; ``grade`` raised or
+the result is not a number -> `error` / `invalid` with the sandbox's last line of stderr;
+a number outside `score_range` -> `invalid`; wall-clock limit -> `timeout`; memory or
+sandbox failure -> `error`. Never a reward of 0.
+
+`score_range` (an rldojo extension key, default ``[0, 1]`` as OpenAI's graders return)
+is the closed interval a result must lie in; a grader meant to return, say, -1..1 says
+``"score_range": [-1, 1]``. While ``grade`` runs, its `print` output goes to stderr, so
+printing does not push the result out of the captured stdout; a grader that floods
+stdout at the file-descriptor level is told so, not given a bare exit code.
 
 The sandbox runs the system Python: packages OpenAI's grader image ships (numpy, scipy,
 sympy, ...) are available only if that interpreter has them. `image_tag` is accepted and
@@ -43,7 +50,11 @@ with open("input.json") as f:
 namespace = {{"__name__": "grader"}}
 with open("grader.py") as f:
     exec(compile(f.read(), "grader.py", "exec"), namespace)
-result = namespace["grade"](data["sample"], data["item"])
+stdout, sys.stdout = sys.stdout, sys.stderr
+try:
+    result = namespace["grade"](data["sample"], data["item"])
+finally:
+    sys.stdout = stdout
 try:
     value = float(result)
 except (TypeError, ValueError):
@@ -87,8 +98,10 @@ class PythonGrader:
         memory_mb: int = 512,
         image_tag: str | None = None,
         pass_threshold: float | None = None,
+        score_range: tuple[float, float] = (0.0, 1.0),
     ) -> None:
         self.name, self.source = name, source
+        self.score_range = score_range
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
         self.image_tag = image_tag
         if pass_threshold is not None:
@@ -130,6 +143,13 @@ class PythonGrader:
         )
         if result.returncode != 0 or line is None:
             why = f"grade() failed: {_last_line(result.stderr) or f'exit code {result.returncode}'}"
+            if result.stdout_truncated or result.stderr_truncated:
+                cap = len(result.stdout) if result.stdout_truncated else len(result.stderr)
+                why = (
+                    f"grade() wrote more output than the sandbox keeps ({cap // 1024} KiB) "
+                    "and its result was lost; print less"
+                    + ("" if result.returncode == 0 else f" (exit code {result.returncode})")
+                )
             return Score.failed("error", why, provenance=provenance)
         reply = json.loads(line[len(MARKER) :])
         if "bad" in reply:
@@ -138,6 +158,13 @@ class PythonGrader:
         value = reply.get("value")
         if value is None or not math.isfinite(value):
             why = f"grade() returned {reply.get('raw')}, not a finite number"
+            return Score.failed("invalid", why, provenance=provenance)
+        low, high = self.score_range
+        if not low <= value <= high:
+            why = (
+                f"grade() returned {value:g}, outside score_range [{low:g}, {high:g}] "
+                "(declare another range with score_range)"
+            )
             return Score.failed("invalid", why, provenance=provenance)
         return Score(float(value), provenance=provenance)
 
@@ -150,12 +177,16 @@ def _last_line(text: str) -> str:
 def build_python(spec: Mapping[str, Any], ctx: LoadContext, path: str) -> Grader:
     check_keys(
         spec,
-        ("type", "name", "source", "image_tag", "pass_threshold", "timeout_s", "memory_mb"),
+        (
+            *("type", "name", "source", "image_tag", "pass_threshold"),
+            *("timeout_s", "memory_mb", "score_range"),
+        ),
         path,
     )
     source = require(spec, "source", str, path)
     check_source(source, path)
     threshold = spec.get("pass_threshold")
+    score_range = _score_range(spec.get("score_range", [0.0, 1.0]), f"{path}.score_range")
     return PythonGrader(
         str(spec.get("name", path.rsplit(".", 1)[-1])),
         source,
@@ -165,4 +196,18 @@ def build_python(spec: Mapping[str, Any], ctx: LoadContext, path: str) -> Grader
         memory_mb=int(require(spec, "memory_mb", int, path)) if "memory_mb" in spec else 512,
         image_tag=spec.get("image_tag"),
         pass_threshold=float(threshold) if threshold is not None else None,
+        score_range=score_range,
     )
+
+
+def _score_range(value: Any, path: str) -> tuple[float, float]:
+    ok = (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        and all(math.isfinite(v) for v in value)
+        and value[0] < value[1]
+    )
+    if not ok:
+        raise GraderSpecError(f"{path}: expected [low, high] with low < high, got {value!r}")
+    return float(value[0]), float(value[1])

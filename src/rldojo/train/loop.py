@@ -39,10 +39,11 @@ def new_run_dir(config: TrainConfig) -> Path:
     return Path(config.run.output_dir) / name
 
 
-def _step_line(step: int, m: dict[str, Any]) -> str:
+def _step_line(step: int, m: dict[str, Any], pass_threshold: float = 1.0) -> str:
     g = m.get
+    at = "" if pass_threshold == 1.0 else f"(>={pass_threshold:g})"
     return (
-        f"step {step:>3} reward {g('reward/mean', 0):+.2f} pass {g('reward/pass_rate', 0):.2f}"
+        f"step {step:>3} reward {g('reward/mean', 0):+.2f} pass{at} {g('reward/pass_rate', 0):.2f}"
         f" len {g('rollout/completion_len', 0):3.0f} H80 {g('entropy/p80', 0):.2f}"
         f" fork {g('entropy/tokens_selected', 0)}/{g('entropy/tokens_policy', 0)}"
         f" groups {g('rollout/groups_informative', 0)}/{g('rollout/groups', 0)}"
@@ -137,7 +138,9 @@ def _train_steps(
             metrics = trainer.step()
             logger.log(trainer.step_num, metrics)
             _write_samples(trainer.run_dir, trainer.step_num, trainer)
-            progress.console.print(_step_line(trainer.step_num, metrics), soft_wrap=True)
+            progress.console.print(
+                _step_line(trainer.step_num, metrics, trainer.pass_threshold), soft_wrap=True
+            )
             if config.eval.every and trainer.step_num % config.eval.every == 0:
                 result = trainer.evaluate(f"step_{trainer.step_num}")
                 logger.log(trainer.step_num, result.metrics(), kind="eval")

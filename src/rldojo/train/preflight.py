@@ -72,13 +72,48 @@ def build_mixture(config: TrainConfig) -> Any:
     from rldojo.rollout.mixture import EnvMixture
 
     grader = None if config.grader.spec is None else load(config.grader.spec)
-    return EnvMixture(
+    mixture = EnvMixture(
         env_entries(config),
         seed=config.run.seed,
         train_n=config.env.train_tasks,
         test_n=config.eval.tasks,
         grader=grader,
     )
+    if grader is not None:
+        check_task_templates(grader.spec, mixture)
+    return mixture
+
+
+TEMPLATE_CHECK_TASKS = 32
+"""Training tasks per environment the grader spec's `item` templates are checked against."""
+
+
+def check_task_templates(spec: Any, mixture: Any) -> None:
+    """`TemplateError` if an `{{item.x}}` of the spec resolves in none of the first tasks
+    of an environment, or a `{{sample.x}}` names a key no sample has. Model output is not
+    known before sampling, so `sample` paths are checked by their first key only."""
+    from rldojo.graders.openai_templates import item_view
+    from rldojo.graders.template_check import check_spec_templates
+
+    for env_id, slot in mixture.slots.items():
+        tasks = slot.train_tasks[:TEMPLATE_CHECK_TASKS]
+        views: list[tuple[dict[str, Any], dict[str, Any]]] = [({}, item_view(t)) for t in tasks]
+        check_spec_templates(
+            spec,
+            views,
+            f"the first {len(tasks)} tasks of env {env_id}",
+            sample_keys=("output_text", "output_json"),
+        )
+
+
+def pass_threshold(config: TrainConfig, mixture: Any) -> float:
+    """The run's pass threshold: `grader.pass_threshold`, else the spec's, else 1.0."""
+    if config.grader.pass_threshold is not None:
+        return config.grader.pass_threshold
+    if config.grader.spec is not None:  # every slot holds the one spec grader
+        slot = next(iter(mixture.slots.values()))
+        return float(getattr(slot.grader, "pass_threshold", 1.0))
+    return 1.0
 
 
 def check_inputs(config: TrainConfig) -> Any:

@@ -53,14 +53,16 @@ def rollout_metrics(
     scores: Sequence[Score],
     groups: Sequence[Group],
     cfg: RolloutConfig,
+    pass_threshold: float = 1.0,
 ) -> dict[str, Any]:
-    """Reward, pass rate, lengths and failure counts of every rollout drawn this step."""
+    """Reward, pass rate (`passed` at `pass_threshold`), lengths and failure counts of
+    every rollout drawn this step."""
     ok = [s for s in scores if s.ok]
     values = torch.tensor([float(s.value or 0.0) for s in ok]) if ok else torch.zeros(0)
     out: dict[str, Any] = {
         "reward/mean": float(values.mean()) if len(values) else 0.0,
         "reward/std": float(values.std(unbiased=False)) if len(values) else 0.0,
-        "reward/pass_rate": sum(passed(s) for s in ok) / max(len(ok), 1),
+        "reward/pass_rate": sum(passed(s, pass_threshold) for s in ok) / max(len(ok), 1),
         "rollout/samples": len(rollouts),
         "rollout/completion_len": sum(sum(r.policy_mask) for r in rollouts) / max(len(rollouts), 1),
         "rollout/truncated_frac": sum(bool(r.info.get("truncated_turns")) for r in rollouts)
@@ -81,7 +83,8 @@ def rollout_metrics(
             by_env.setdefault(r.env or "env", []).append(s)
     for env, env_scores in by_env.items():
         out[f"reward/{env}/mean"] = sum(float(s.value or 0.0) for s in env_scores) / len(env_scores)
-        out[f"reward/{env}/pass_rate"] = sum(passed(s) for s in env_scores) / len(env_scores)
+        passes = sum(passed(s, pass_threshold) for s in env_scores)
+        out[f"reward/{env}/pass_rate"] = passes / len(env_scores)
     out |= info_metrics(rollouts)
     components: dict[str, list[float]] = {}
     for s in ok:

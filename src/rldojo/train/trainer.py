@@ -40,7 +40,7 @@ from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
-from rldojo.train.preflight import build_mixture, env_entries
+from rldojo.train.preflight import build_mixture, env_entries, pass_threshold
 from rldojo.train.resources import resolve_resources
 from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
 from rldojo.train.update import PolicyUpdate, token_advantages
@@ -90,6 +90,7 @@ class Trainer:
         entries = env_entries(cfg)
         self.envs = build_mixture(cfg)
         self.grader = self.envs.grader()
+        self.pass_threshold = pass_threshold(cfg, self.envs)
         self.test_tasks = self.envs.test_tasks
         self.curriculum = self._curriculum() if cfg.curriculum.enabled else None
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
@@ -167,7 +168,9 @@ class Trainer:
                 self.collect_groups()
             )
             self.watchdog.set(None)
-        metrics = rollout_metrics(all_rollouts, all_scores, groups, self.config.rollout)
+        metrics = rollout_metrics(
+            all_rollouts, all_scores, groups, self.config.rollout, self.pass_threshold
+        )
         metrics["rollout/extra_rounds"] = rounds
         informative = [g for g in groups if g.informative]
         trained = informative[: self.config.rollout.prompts_per_step]  # the rest: untrained
@@ -385,7 +388,7 @@ class Trainer:
         tasks = [t for slot in self.envs.slots.values() for t in slot.train_tasks]
         knobs = CurriculumConfig(
             window=c.window, mode=c.mode, saturated_weight=c.saturated_weight,
-            pass_threshold=c.pass_threshold,
+            pass_threshold=self.pass_threshold if c.pass_threshold is None else c.pass_threshold,
         )  # fmt: skip
         return Curriculum(tasks, knobs)
 
@@ -402,6 +405,7 @@ class Trainer:
                 greedy,
                 seed=self.config.run.seed,
                 grade_timeout_s=self.config.rollout.grade_timeout_s,
+                pass_threshold=self.pass_threshold,
             )
         )
         self.evals[label] = {
