@@ -36,15 +36,15 @@ def _check(field: str, value: str) -> dict:
     return {**spec, field: value}
 
 
-@pytest.mark.parametrize(
-    ("field", "template", "needles"),
-    [
-        ("input", "{{sample.output_txt}}", ["spec.input", "sample has no 'output_txt'",
-                                            "did you mean 'output_text'"]),  # fmt: skip
-        ("reference", "{{ item.answr }}", ["spec.reference", "{{item.answr}}",
-                                           "none of the 2 rows", "did you mean 'answer'"]),  # fmt: skip
-    ],
-)
+TYPOS = [
+    ("input", "{{sample.output_txt}}",
+     ["spec.input", "sample has no 'output_txt'", "did you mean 'output_text'"]),
+    ("reference", "{{ item.answr }}",
+     ["spec.reference", "{{item.answr}}", "none of the 2 rows", "did you mean 'answer'"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "template", "needles"), TYPOS)
 def test_template_typo_is_one_line_before_grading(tmp_path, field, template, needles):
     result = runner.invoke(app, _write(tmp_path, _check(field, template)))
     assert result.exit_code == 2, result.output

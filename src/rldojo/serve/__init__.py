@@ -6,6 +6,8 @@ through the real openai client, on loopback, with no network.
 - `engine`: `ChatEngine` protocol, `TransformersEngine` (batched local generation),
   `ScriptedEngine` (replies are a function of the request: deterministic judge stand-in).
 - `app`: the FastAPI routes (/v1/chat/completions, /v1/models, /v1/embeddings).
+- `logprobs`: per-token texts and raw-model log-probabilities (OpenAI's `logprobs`).
+- `streaming`: `stream: true` replies as OpenAI's server-sent chunks.
 - `standin`: `StandinJudge`, a deterministic judge of rldojo's judge prompts (tests).
 - `server`: `start_server(...)` in a background thread, `serve_forever(...)` for the CLI.
 """
@@ -16,6 +18,7 @@ from rldojo.serve.engine import (
     ChatRequest,
     ChatResult,
     ScriptedEngine,
+    TokenLogprob,
     TransformersEngine,
     bag_of_letters,
 )
@@ -30,6 +33,7 @@ __all__ = [
     "ScriptedEngine",
     "ServerHandle",
     "StandinJudge",
+    "TokenLogprob",
     "TransformersEngine",
     "bag_of_letters",
     "make_engine",

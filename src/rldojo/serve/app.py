@@ -7,9 +7,20 @@ Routes (the subset judges and eval clients use):
     POST /v1/embeddings           texts -> vectors (float or base64, as the openai SDK asks)
     GET  /health                  liveness
 
+Chat completions follow OpenAI's API, including:
+
+- `logprobs: true` (and `top_logprobs: K`, 0..20): each choice gets
+  ``logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs"}, ...]}``, one
+  entry per completion token, from the raw model distribution (before temperature and
+  top_p, as vLLM does by default; `rldojo.serve.logprobs`). `top_logprobs` without
+  `logprobs: true` is a 400, as on OpenAI.
+- `stream: true`: server-sent `chat.completion.chunk` events, `stream_options:
+  {"include_usage": true}` and a final ``data: [DONE]`` (`rldojo.serve.streaming`). The
+  reply is generated whole, then sent token by token.
+
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, so the
-openai SDK raises its usual exceptions (`BadRequestError`, `NotFoundError`). Streaming is
-not supported (400). Unknown request fields are accepted and ignored, as vLLM does.
+openai SDK raises its usual exceptions (`BadRequestError`, `NotFoundError`). Unknown
+request fields are accepted and ignored, as vLLM does.
 """
 
 from __future__ import annotations
@@ -22,10 +33,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from rldojo.serve.engine import ChatEngine, ChatRequest, ChatResult
+from rldojo.serve.logprobs import logprobs_json
+from rldojo.serve.streaming import sse_events, usage_json
 
 __all__ = ["MAX_TOKENS_DEFAULT", "build_app"]
 
@@ -52,6 +65,11 @@ class _MessageIn(BaseModel):
         return "".join(p.text for p in self.content if p.type in ("text", "input_text"))
 
 
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = False
+
+
 class _ChatIn(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
@@ -63,7 +81,10 @@ class _ChatIn(BaseModel):
     n: int = Field(1, ge=1, le=16)
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
+    stream_options: _StreamOptions | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class _EmbedIn(BaseModel):
@@ -93,7 +114,20 @@ def _chat_request(body: _ChatIn) -> ChatRequest:
         seed=body.seed,
         stop=tuple(s for s in stop if s),
         model=body.model,
+        logprobs=bool(body.logprobs),
+        top_logprobs=body.top_logprobs or 0,
     )
+
+
+def _invalid_combination(body: _ChatIn) -> JSONResponse | None:
+    """Fields that are valid alone but not together (OpenAI and vLLM reject these too)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        message = "top_logprobs requires logprobs to be true"
+        return _error(400, message, "invalid_request_error", "top_logprobs")
+    if body.stream_options is not None and not body.stream:
+        message = "stream_options is only allowed when stream is true"
+        return _error(400, message, "invalid_request_error", "stream_options")
+    return None
 
 
 def _encode_vector(vector: list[float], fmt: str) -> Any:
@@ -103,7 +137,6 @@ def _encode_vector(vector: list[float], fmt: str) -> Any:
 
 
 def _chat_response(model: str, result: ChatResult) -> dict[str, Any]:
-    completion_tokens = sum(c.completion_tokens for c in result.choices)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -114,16 +147,25 @@ def _chat_response(model: str, result: ChatResult) -> dict[str, Any]:
                 "index": i,
                 "message": {"role": "assistant", "content": c.text},
                 "finish_reason": c.finish_reason,
-                "logprobs": None,
+                "logprobs": logprobs_json(c.logprobs) if c.logprobs is not None else None,
             }
             for i, c in enumerate(result.choices)
         ],
-        "usage": {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": result.prompt_tokens + completion_tokens,
-        },
+        "usage": usage_json(result),
     }
+
+
+def _stream_response(model: str, result: ChatResult, body: _ChatIn) -> StreamingResponse:
+    events = sse_events(
+        result,
+        completion_id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 def _embedding_response(
@@ -172,15 +214,15 @@ def build_app(engine: ChatEngine) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: _ChatIn) -> dict[str, Any] | JSONResponse:
-        if (wrong := _check_model(body.model)) is not None:
+    async def chat(body: _ChatIn) -> dict[str, Any] | JSONResponse | StreamingResponse:
+        if (wrong := _check_model(body.model) or _invalid_combination(body)) is not None:
             return wrong
-        if body.stream:
-            return _error(400, "stream=true is not supported", "invalid_request_error", "stream")
         try:
             result = await engine.chat(_chat_request(body))
         except Exception as exc:  # the engine failed: a 500 the client may retry
             return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
+        if body.stream:
+            return _stream_response(engine.model, result, body)
         return _chat_response(engine.model, result)
 
     @app.post("/v1/embeddings", response_model=None)

@@ -1,17 +1,22 @@
 """Chat engines behind `rldojo serve`: a local transformers model, or a scripted stand-in.
 
 An engine answers one chat request (messages + sampling) with `n` choices and token
-counts, and embeds texts. The HTTP layer (`rldojo.serve.app`) only translates JSON.
+counts, and embeds texts. Each choice carries the text each completion token adds (what
+`stream: true` sends, token by token) and, when the request asks for logprobs, each
+token's log-probability and top alternatives (`rldojo.serve.logprobs` says which
+distribution). The HTTP layer (`rldojo.serve.app`) only translates JSON.
 
 `TransformersEngine` generates with `TransformersPolicy` on one worker thread. Requests
 that arrive within `batch_window_s` of each other and sample the same way are decoded as
 one batch (the cached sampler's cost per step barely grows with the batch on CPU), so a
 judge grading many samples concurrently gets batched generation for free. A request with
 a seed and a temperature above 0 is decoded alone, so its output depends only on the
-request, never on what it was batched with.
+request, never on what it was batched with. Requests with and without logprobs share
+batches: the logprobs are computed per choice after the batch is decoded.
 
 `ScriptedEngine` replies with a Python function of the request: a real server for tests
-whose answers are exact (a deterministic judge stand-in), counting every request.
+whose answers are exact (a deterministic judge stand-in), counting every request. Its
+tokens are whitespace-led words and its logprobs fixed numbers (`scripted_logprobs`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from rldojo.types import Message, SamplingParams
+from rldojo.serve.logprobs import (
+    TokenLogprob,
+    score_tokens,
+    scripted_logprobs,
+    token_pieces,
+    word_pieces,
+)
+from rldojo.types import Completion, Message, SamplingParams
 
 __all__ = [
     "ChatChoice",
@@ -33,6 +45,7 @@ __all__ = [
     "ChatRequest",
     "ChatResult",
     "ScriptedEngine",
+    "TokenLogprob",
     "TransformersEngine",
     "bag_of_letters",
 ]
@@ -50,6 +63,10 @@ class ChatRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     model: str = ""
+    logprobs: bool = False
+    """Report each completion token's log-probability (`ChatChoice.logprobs`)."""
+    top_logprobs: int = 0
+    """With `logprobs`: how many most likely alternatives to report per token (0..20)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +75,10 @@ class ChatChoice:
     finish_reason: str
     """`stop` (end of turn or a stop string) or `length` (max_tokens reached)."""
     completion_tokens: int
+    pieces: tuple[str, ...] = ()
+    """The text each completion token adds; they join to `text` (empty: not reported)."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Per completion token, when the request asked for logprobs; else None."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,7 @@ class _Job:
     n: int = 1
     sampling: SamplingParams | None = None
     texts: Sequence[str] = ()
+    top_logprobs: int | None = None  # None: no logprobs asked for
 
     @property
     def key(self) -> tuple[Any, ...] | None:
@@ -159,6 +181,8 @@ class TransformersEngine:
             seed=request.seed,
         )
         job = _Job("chat", concurrent.futures.Future(), prompt, request.n, sampling)
+        if request.logprobs:
+            job.top_logprobs = request.top_logprobs
         self._submit(job)
         choices = await asyncio.wrap_future(job.future)
         return ChatResult(choices=choices, prompt_tokens=len(prompt))
@@ -229,16 +253,17 @@ class TransformersEngine:
         for job in batch:
             mine = completions[start : start + job.n]
             start += job.n
-            job.future.set_result(
-                [
-                    ChatChoice(
-                        c.text,
-                        "stop" if c.finish_reason == "stop" else "length",
-                        len(c.token_ids),
-                    )
-                    for c in mine
-                ]
+            job.future.set_result([self._choice(job, c) for c in mine])
+
+    def _choice(self, job: _Job, c: Completion) -> ChatChoice:
+        pieces = token_pieces(self.tokenizer, c.token_ids, c.text)
+        logprobs = None
+        if job.top_logprobs is not None:
+            logprobs = score_tokens(
+                self._gen_model, self.tokenizer, job.prompt, c.token_ids, pieces, job.top_logprobs
             )
+        reason = "stop" if c.finish_reason == "stop" else "length"
+        return ChatChoice(c.text, reason, len(c.token_ids), pieces, logprobs)
 
     def _embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Mean-pooled last hidden state, L2-normalised (like hosted embedding APIs)."""
@@ -283,6 +308,9 @@ def bag_of_letters(text: str) -> list[float]:
 class ScriptedEngine:
     """Replies with `reply(request)`; records every request (tests count judge calls).
 
+    Completion tokens are the reply's whitespace-led words (`word_pieces`); logprobs,
+    when asked for, are `scripted_logprobs` (each token has probability 1/2).
+
     `embed_fn` maps a text to a vector (default: `bag_of_letters`). `delay_s` makes every
     reply wait (timeouts, concurrency limits); `max_in_flight` is the most requests seen
     at once.
@@ -323,7 +351,9 @@ class ScriptedEngine:
         finally:
             with self._lock:
                 self.in_flight -= 1
-        choice = ChatChoice(text, "stop", len(text.split()))
+        pieces = word_pieces(text)
+        logprobs = scripted_logprobs(pieces, request.top_logprobs) if request.logprobs else None
+        choice = ChatChoice(text, "stop", len(pieces), pieces, logprobs)
         prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in request.messages)
         return ChatResult(choices=[choice] * request.n, prompt_tokens=prompt_tokens)
 
