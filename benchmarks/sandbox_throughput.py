@@ -32,7 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rldojo.graders.code import CodeTestsGrader, check_solution, load_humaneval
+from rldojo.graders.code.grader import CodeTestsGrader, check_solution, load_humaneval
 from rldojo.sandbox import SandboxPool, probe
 from rldojo.sandbox.bwrap import DEFAULT_PYTHON, bwrap_version, find_bwrap
 

@@ -7,13 +7,9 @@ import json
 
 import pytest
 
-from rldojo.envs import arith_tools
-from rldojo.envs.arith_tools import (
-    ArithToolsEnv,
-    SandboxUnavailableError,
-    calculate,
-    sandbox_status,
-)
+from rldojo.envs.arith_tools import ArithToolsEnv
+from rldojo.envs.arith_tools import env as arith_tools_env
+from rldojo.envs.arith_tools.env import SandboxUnavailableError, calculate, sandbox_status
 from rldojo.envs.tools import ToolError
 from rldojo.types import Rollout, Task
 
@@ -124,7 +120,7 @@ def test_reward_terms_are_configurable():
 
 
 def test_python_tool_is_gated(monkeypatch):
-    monkeypatch.setattr(arith_tools, "sandbox_status", lambda: (False, "no bubblewrap here"))
+    monkeypatch.setattr(arith_tools_env, "sandbox_status", lambda: (False, "no bubblewrap here"))
     with pytest.raises(SandboxUnavailableError, match="no bubblewrap here"):
         ArithToolsEnv(python="on")
     auto = ArithToolsEnv(python="auto")

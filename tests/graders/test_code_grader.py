@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from rldojo.graders.base import Grader
-from rldojo.graders.code import (
+from rldojo.graders.code.grader import (
     CodeGradingConfig,
     CodeTestsGrader,
     check_solution,

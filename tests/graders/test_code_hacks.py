@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rldojo.graders.code import CodeGradingConfig, CodeTestsGrader
+from rldojo.graders.code.grader import CodeGradingConfig, CodeTestsGrader
 from rldojo.sandbox import SandboxPool, probe
 from rldojo.types import Rollout, Score, Task
 

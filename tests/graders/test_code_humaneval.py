@@ -7,7 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rldojo.graders.code import CodeGradingConfig, CodeTestsGrader, check_solution, load_humaneval
+from rldojo.graders.code.grader import (
+    CodeGradingConfig,
+    CodeTestsGrader,
+    check_solution,
+    load_humaneval,
+)
 from rldojo.sandbox import SandboxPool, probe
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rldojo.graders.code import extract_code, suite_from_info
-from rldojo.graders.code_tests import (
+from rldojo.graders.code.cases import (
     CallTest,
     IOTest,
     TestSpecError,
@@ -13,6 +12,7 @@ from rldojo.graders.code_tests import (
     check_io,
     convert_asserts,
 )
+from rldojo.graders.code.grader import extract_code, suite_from_info
 
 SUITE = '''
 METADATA = {"author": "x"}

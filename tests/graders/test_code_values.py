@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rldojo.graders.code_values import Unsupported, decode, encode, strict_equal
+from rldojo.graders.code.values import Unsupported, decode, encode, strict_equal
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,9 @@ import json
 import pytest
 
 from rldojo.graders import INJECTION_FLAG, detect_injection, load
-from rldojo.graders import rubric as rubric_module
-from rldojo.graders.injection import extract_verdict, fence, neutralise, nonce_for
-from rldojo.graders.rubric import RubricGrader
+from rldojo.graders.judges import rubric as rubric_module
+from rldojo.graders.judges.injection import extract_verdict, fence, neutralise, nonce_for
+from rldojo.graders.judges.rubric import RubricGrader
 from rldojo.serve import ScriptedEngine, StandinJudge, start_server
 from rldojo.serve.engine import ChatRequest
 from rldojo.types import Rollout, Task
@@ -99,7 +99,7 @@ def test_without_fences_the_same_judge_obeys_the_sample(server, monkeypatch):
 
 def test_with_a_guessable_delimiter_the_sample_escapes(server, monkeypatch):
     monkeypatch.setattr(rubric_module, "nonce_for", lambda *parts: GUESS)
-    monkeypatch.setattr("rldojo.graders.injection.neutralise", lambda text: text)
+    monkeypatch.setattr("rldojo.graders.judges.injection.neutralise", lambda text: text)
     score = grade(rubric(server), ATTACKS["escape"])
     assert score.value == 1.0  # closing the block early works when the marker is guessable
 

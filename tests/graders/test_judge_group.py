@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from rldojo.graders import GroupJudgeGrader, load
-from rldojo.graders.group_judge import shared_prefix
-from rldojo.graders.injection import VerdictError
+from rldojo.graders.judges.group import shared_prefix
+from rldojo.graders.judges.injection import VerdictError
 from rldojo.serve import ScriptedEngine, StandinJudge, start_server
 from rldojo.types import Rollout, Task
 

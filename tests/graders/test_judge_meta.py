@@ -10,7 +10,7 @@ import re
 import pytest
 
 from rldojo.graders import load
-from rldojo.graders.meta_eval import agreement, cohen_kappa, evaluate_judge, normalise_label
+from rldojo.graders.judges.meta_eval import agreement, cohen_kappa, evaluate_judge, normalise_label
 from rldojo.graders.offline import GradeRow
 from rldojo.serve import ScriptedEngine, StandinJudge, start_server
 from rldojo.serve.standin import split_blocks

@@ -16,8 +16,8 @@ from rldojo.graders import (
     RubricGrader,
     load,
 )
-from rldojo.graders.injection import VerdictError
-from rldojo.graders.rubric import parse_criteria
+from rldojo.graders.judges.injection import VerdictError
+from rldojo.graders.judges.rubric import parse_criteria
 from rldojo.serve import ScriptedEngine, StandinJudge, start_server
 from rldojo.types import Rollout, Task
 

@@ -56,7 +56,6 @@ def grade(
     from rich.progress import Progress
 
     from rldojo.cli import console, fail, user_errors
-    from rldojo.graders.loading import load
     from rldojo.graders.offline import (
         check_row_templates,
         grade_rows,
@@ -64,6 +63,7 @@ def grade(
         summarize,
         write_scored,
     )
+    from rldojo.graders.specs.loading import load
 
     try:
         rows = read_grade_rows(data)
@@ -145,9 +145,9 @@ def eval_judge(
 ) -> None:
     """Agreement of a judge with human labels (accuracy, Cohen's kappa) and bias probes."""
     from rldojo.cli import console, fail, user_errors
-    from rldojo.graders.loading import load
-    from rldojo.graders.meta_eval import evaluate_judge, read_labels
+    from rldojo.graders.judges.meta_eval import evaluate_judge, read_labels
     from rldojo.graders.offline import check_row_templates
+    from rldojo.graders.specs.loading import load
 
     try:
         rows, human = read_labels(str(labels), label_field)

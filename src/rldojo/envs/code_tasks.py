@@ -1,7 +1,7 @@
 """Task sources of the code environments: procedural templates, HumanEval, user JSONL.
 
 `CodeTaskSource(env_id, source)` turns a source into `Task`s whose ``info`` is what
-`rldojo.graders.code.CodeTestsGrader` reads:
+`rldojo.graders.code.grader.CodeTestsGrader` reads:
 
 - ``"procedural"``: small function-writing tasks from `TEMPLATES` (add_n, reverse_words,
   count_vowels, max_or_default, is_multiple, clamp, fizzbuzz, ...). Each template draws
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from rldojo.data.loading import DataError, read_rows, require_field
-from rldojo.graders.code import load_humaneval, suite_from_info
-from rldojo.graders.code_tests import TestSpecError, parse_test
+from rldojo.graders.code.cases import TestSpecError, parse_test
+from rldojo.graders.code.grader import load_humaneval, suite_from_info
 from rldojo.types import Task
 
 __all__ = [

@@ -1,26 +1,35 @@
 """rldojo.graders: turn a finished rollout into a `Score`.
 
+Top-level modules (rules and shared pieces; at run time they import nothing from the
+subpackages):
+
 - `base`: the `Grader` protocol.
 - `rules`: answer extraction, exact match, math-verify (isolated), the format term.
 - `composite`: weighted sums of sub-graders and the standard answer reward.
-- `isolation`: hard-timeout worker processes for graders that may hang or crash.
-- `loading`: `load(spec)`, OpenAI grader specs and rldojo TOML specs (`openai_spec`,
-  `openai_model_graders`, `openai_python`, `rldojo_spec`, `openai_templates`).
-- `judge`, `judge_cache`: judge backends (OpenAI-compatible HTTP, in-process
-  transformers), retries, concurrency, the SQLite reply cache, provenance.
-- `rubric`, `group_judge`: LLM-judge graders (signed-points rubrics; whole-group scoring).
-- `injection`: fencing, strict verdicts and the ``hack:judge_injection`` detector.
+- `isolation`, `isolation_pool`: hard-timeout worker processes for graders that may hang
+  or crash.
 - `text_metrics`, `safe_expr`: similarity metrics and the `calculate_output` evaluator.
 - `token_rewards`: per-token rewards on spans of the completion.
-- `meta_eval`, `offline`: judge agreement and bias probes; grading a JSONL file.
+- `openai_templates`, `template_check`: ``{{item.x}}`` / ``{{sample.x}}`` templates and
+  checking them against data up front.
+- `offline`: grading a JSONL file of samples.
+
+Subpackages (dependencies point down: `specs` -> `judges` -> top level; `code` stands
+alone):
+
+- `judges`: judge backends (`client`), the reply cache (`cache`), `injection` defences,
+  `rubric` and `group` graders, `meta_eval` (judge agreement and bias probes).
+- `specs`: `load(spec)` for OpenAI grader specs and rldojo TOML specs (`loading`,
+  `context`, `common`, `embedding`, `openai_text`, `openai_models`, `openai_python`,
+  `rldojo_types`).
+- `code`: code-execution grading in the sandbox (`grader`, `cases`, `scoring`,
+  `replay`, `values`, `driver`).
 
 Importing this package is cheap: math-verify is only imported inside worker processes.
 """
 
 from rldojo.graders.base import Grader
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_reward
-from rldojo.graders.group_judge import GroupJudgeGrader
-from rldojo.graders.injection import INJECTION_FLAG, detect_injection
 from rldojo.graders.isolation import (
     IsolatedWorker,
     IsolationCrash,
@@ -29,7 +38,8 @@ from rldojo.graders.isolation import (
     RemoteError,
 )
 from rldojo.graders.isolation_pool import IsolatedPool
-from rldojo.graders.judge import (
+from rldojo.graders.judges.cache import JudgeCache
+from rldojo.graders.judges.client import (
     EngineJudge,
     JudgeClient,
     JudgeError,
@@ -38,15 +48,9 @@ from rldojo.graders.judge import (
     JudgeTimeout,
     OpenAIJudge,
 )
-from rldojo.graders.judge_cache import JudgeCache
-from rldojo.graders.loading import (
-    GraderSpecError,
-    LoadContext,
-    SpecGrader,
-    load,
-    register_grader_type,
-)
-from rldojo.graders.rubric import TRACE_CRITERIA, Criterion, RubricGrader
+from rldojo.graders.judges.group import GroupJudgeGrader
+from rldojo.graders.judges.injection import INJECTION_FLAG, detect_injection
+from rldojo.graders.judges.rubric import TRACE_CRITERIA, Criterion, RubricGrader
 from rldojo.graders.rules import (
     ANSWER_PREFIX,
     ExactMatchGrader,
@@ -60,6 +64,9 @@ from rldojo.graders.rules import (
     normalize_answer,
 )
 from rldojo.graders.safe_expr import ExprError, compile_expr
+from rldojo.graders.specs.common import GraderSpecError
+from rldojo.graders.specs.context import LoadContext, register_grader_type
+from rldojo.graders.specs.loading import SpecGrader, load
 from rldojo.graders.token_rewards import SpanPenaltyGrader, spans_to_token_rewards
 
 __all__ = [

@@ -25,12 +25,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rldojo.data.loading import DataError, read_rows, require_field
 from rldojo.graders.base import Grader
-from rldojo.graders.judge import JudgeStats
 from rldojo.types import Rollout, Score, Task
+
+if TYPE_CHECKING:  # a type only: `judges.meta_eval` imports this module
+    from rldojo.graders.judges.client import JudgeStats
 
 __all__ = [
     "GradeRow",

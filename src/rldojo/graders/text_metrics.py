@@ -10,7 +10,7 @@ documentation describes, and returns a float in [0, 1]:
     rouge_1..5    rouge-score RougeScorer(["rougeN"], use_stemmer=True) F-measure
     rouge_l       the same with "rougeL"
     cosine        cosine of two embedding vectors (the embedding model is configured
-                  separately; see `rldojo.graders.openai_spec`)
+                  separately; see `rldojo.graders.specs.openai_text`)
 
 METEOR's synonym stage needs the WordNet corpus. NLTK's data is not a Python package and
 there is no network at run time, so when WordNet is not installed (``nltk.download

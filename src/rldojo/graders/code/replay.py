@@ -118,7 +118,7 @@ class ReplayError(RuntimeError):
 
 
 def _code_values_source() -> bytes:
-    return resources.files("rldojo.graders").joinpath("code_values.py").read_bytes()
+    return resources.files("rldojo.graders.code").joinpath("values.py").read_bytes()
 
 
 def _spec(suite: ReplaySuite, mode: str, outputs: list[Any] | None, timeout_s: float) -> ExecSpec:

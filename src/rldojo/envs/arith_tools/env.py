@@ -1,25 +1,7 @@
-"""arith-tools-v1: arithmetic a model cannot do in its head, so it must use a tool.
+"""arith-tools-v1's environment: tasks, the ``calculator`` and ``python`` tools, `ArithToolsEnv`.
 
-Levels (every answer is an exact integer, often 20-60 digits):
-
-1. the product of two 12-16 digit numbers;
-2. ``a * b - c * d`` with 10-14 digit numbers, or a 3-digit number to a power 9-16;
-3. a chain of 4-6 operations (``+ - * // %`` and powers) on large numbers;
-4. a word problem with repeated growth: ``N`` years of ``p%`` growth, rounded down yearly.
-
-Tools: ``calculator`` (exact arithmetic on integers and fractions, no floating point) and
-``python`` (runs in `rldojo.sandbox`). The python tool is gated: with ``python="auto"``
-it is offered only where the sandbox works here (strict mode, or weak mode allowed by
-``RLDOJO_SANDBOX_ALLOW_WEAK=1``); ``python="on"`` raises `SandboxUnavailableError`
-with the reason instead; ``python="off"`` never offers it.
-
-Reward (`ArithToolsGrader`, every term configurable):
-
-    reward = correct
-           + tag_reward * (answer in <answer> tags and no protocol error)
-           - tool_cost * (tool calls, failed ones included)        # over-use hurts too
-           - format_penalty * (no final answer)
-           - error_penalty * min(protocol errors, error_cap)
+The task levels, the tool gating and the reward are described in `rldojo.envs.arith_tools`;
+the reward itself is `rldojo.envs.arith_tools.grader.ArithToolsGrader`.
 """
 
 from __future__ import annotations
@@ -31,18 +13,17 @@ import os
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
-from rldojo.envs.multiturn import EpisodeLimits, ToolEnv, protocol_terms
-from rldojo.envs.registry import register
+from rldojo.envs.arith_tools.grader import ArithToolsGrader, ArithToolsReward
+from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
 from rldojo.envs.tools import Tool, ToolError
-from rldojo.types import Rollout, Score, Task
+from rldojo.types import Task
 
 __all__ = [
+    "ENV_ID",
     "ArithToolsEnv",
-    "ArithToolsGrader",
     "SandboxUnavailableError",
     "calculate",
     "calculator_tool",
@@ -267,58 +248,7 @@ def _problem(rng: random.Random, level: int) -> tuple[str, int]:
     )
 
 
-# ------------------------------------------------------------------ grader and env
-
-
-@dataclass(frozen=True)
-class ArithToolsReward:
-    """Terms of the arith-tools-v1 reward (see the module docstring)."""
-
-    tag_reward: float = 0.1
-    tool_cost: float = 0.02
-    format_penalty: float = 0.2
-    error_penalty: float = 0.05
-    error_cap: int = 5
-
-
-def _integer(text: str | None) -> int | None:
-    if text is None:
-        return None
-    cleaned = re.sub(r"[\s,_]", "", text).rstrip(".")
-    return int(cleaned) if re.fullmatch(r"[+-]?\d{1,5000}", cleaned) else None
-
-
-class ArithToolsGrader:
-    """Scores an arith-tools-v1 rollout from ``rollout.info`` (answer and tool counters)."""
-
-    name = "arith_tools"
-    version = "1"
-
-    def __init__(self, reward: ArithToolsReward | None = None) -> None:
-        self.reward = reward or ArithToolsReward()
-
-    async def grade(self, rollout: Rollout, task: Task) -> Score:
-        prov = {"grader": self.name, "version": self.version}
-        if task.answer is None:
-            return Score.failed("invalid", f"task {task.id} has no answer", provenance=prov)
-        r, info = self.reward, rollout.info
-        answer = _integer(info.get("answer"))
-        correct = float(answer is not None and answer == int(task.answer))
-        fmt, penalty = protocol_terms(
-            info,
-            format_penalty=r.format_penalty,
-            error_penalty=r.error_penalty,
-            error_cap=r.error_cap,
-        )
-        tags_ok = fmt["format"] == 1.0 and fmt["protocol_errors"] == 0
-        attempts = fmt["tool_calls"] + fmt["tool_errors"]
-        value = correct + r.tag_reward * tags_ok - r.tool_cost * attempts - penalty
-        return Score(
-            value,
-            components={"correct": correct, "tags": float(tags_ok), **fmt},
-            explanation=f"answer {info.get('answer')!r} vs {task.answer}",
-            provenance=prov,
-        )
+# ------------------------------------------------------------------ env
 
 
 class ArithToolsEnv(ToolEnv):
@@ -401,6 +331,3 @@ class ArithToolsEnv(ToolEnv):
 
     def default_grader(self) -> ArithToolsGrader:
         return ArithToolsGrader(self.reward)
-
-
-register(ENV_ID, ArithToolsEnv)

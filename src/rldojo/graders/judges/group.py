@@ -10,7 +10,7 @@ steady. To keep the prompt short and fair:
 - samples are presented in a deterministic shuffled order (seeded by the group's text),
   so sample 0 is not always first (position bias; `rldojo eval-judge` measures it);
 - each sample is fenced as data with the group's nonce; the verdict must echo it and
-  score exactly the labels shown (see `rldojo.graders.injection`).
+  score exactly the labels shown (see `rldojo.graders.judges.injection`).
 
 `grade_group(rollouts, task)` judges an explicit group. `grade(rollout, task)` (the
 `Grader` protocol, called once per sample by the trainer) gathers the samples of one
@@ -27,7 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rldojo.graders.injection import (
+from rldojo.graders.judges.client import (
+    JudgeClient,
+    JudgeError,
+    JudgeRequest,
+    Verdict,
+    ask_verdict,
+    judge_failure,
+)
+from rldojo.graders.judges.injection import (
     DATA_RULES,
     INJECTION_FLAG,
     VerdictError,
@@ -36,15 +44,7 @@ from rldojo.graders.injection import (
     fence,
     nonce_for,
 )
-from rldojo.graders.judge import (
-    JudgeClient,
-    JudgeError,
-    JudgeRequest,
-    Verdict,
-    ask_verdict,
-    judge_failure,
-)
-from rldojo.graders.rubric import View, prompt_text, sample_text
+from rldojo.graders.judges.rubric import View, prompt_text, sample_text
 from rldojo.types import Rollout, Score, Task
 
 __all__ = ["GroupJudgeGrader", "shared_prefix"]

@@ -1,7 +1,8 @@
 """OpenAI reinforcement fine-tuning grader specs: string_check, text_similarity, multi.
 
-The model-based types (score_model, label_model) live in `openai_model_graders`, the
-python type in `openai_python`; all are registered with `rldojo.graders.load` here.
+The model-based types (score_model, label_model) live in `openai_models`, the python
+type in `openai_python`; `BUILDERS` here holds all of them, registered by
+`rldojo.graders.load` (`loading`).
 
     {"type": "string_check", "name": "exact", "operation": "eq",
      "input": "{{sample.output_text}}", "reference": "{{item.answer}}"}
@@ -24,12 +25,10 @@ score `invalid` with the template's field named.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from rldojo.graders.base import Grader
-from rldojo.graders.loading import Builder, GraderSpecError, LoadContext, check_keys, require
 from rldojo.graders.openai_templates import (
     TemplateError,
     check_template,
@@ -38,6 +37,10 @@ from rldojo.graders.openai_templates import (
     sample_view,
 )
 from rldojo.graders.safe_expr import Expr, ExprError, compile_expr
+from rldojo.graders.specs.common import GraderSpecError, check_keys, require
+from rldojo.graders.specs.context import Builder, LoadContext
+from rldojo.graders.specs.openai_models import build_label_model, build_score_model
+from rldojo.graders.specs.openai_python import build_python
 from rldojo.graders.text_metrics import (
     SIMILARITY_METRICS,
     STRING_OPERATIONS,
@@ -53,7 +56,6 @@ __all__ = [
     "MultiGrader",
     "StringCheckGrader",
     "TextSimilarityGrader",
-    "make_embedder",
 ]
 
 _SEVERITY: dict[ScoreStatus, int] = {"ok": 0, "invalid": 1, "timeout": 2, "error": 3}
@@ -179,54 +181,6 @@ class MultiGrader:
         return Score(value, components=components, flags=flags, provenance=provenance)
 
 
-# ------------------------------------------------------------------------------ embeddings
-
-
-class _OpenAIEmbedder:
-    def __init__(self, base_url: str, model: str, api_key: str) -> None:
-        self.base_url, self.model, self.api_key = base_url, model, api_key
-        self._clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        import openai
-
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key)
-            self._clients[loop] = client
-        response = await client.embeddings.create(model=self.model, input=texts)
-        return [list(d.embedding) for d in sorted(response.data, key=lambda d: d.index)]
-
-    async def aclose(self) -> None:
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.close()
-
-
-class _EngineEmbedder:
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.model = engine, engine.model
-
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        return list(await self.engine.embed(texts))
-
-    async def aclose(self) -> None:
-        self.engine.close()
-
-
-def make_embedder(config: Mapping[str, Any], path: str) -> Any:
-    """An embedder from ``{base_url, model, api_key}`` or ``{backend="transformers", model}``."""
-    check_keys(config, ("backend", "base_url", "model", "api_key"), path)
-    model = require(config, "model", str, path)
-    if config.get("backend") == "transformers":
-        from rldojo.serve.engine import TransformersEngine
-
-        return _EngineEmbedder(TransformersEngine(model))
-    base_url = require(config, "base_url", str, path)
-    return _OpenAIEmbedder(base_url, model, str(config.get("api_key", "EMPTY")))
-
-
 # ------------------------------------------------------------------------------ builders
 
 _COMMON = ("type", "name")
@@ -296,21 +250,12 @@ def build_multi(spec: Mapping[str, Any], ctx: LoadContext, path: str) -> Grader:
     return MultiGrader(_name(spec, path), graders, expr)
 
 
-def _model_builders() -> dict[str, Builder]:
-    from rldojo.graders.openai_model_graders import build_label_model, build_score_model
-    from rldojo.graders.openai_python import build_python
-
-    return {
-        "score_model": build_score_model,
-        "label_model": build_label_model,
-        "python": build_python,
-    }
-
-
 BUILDERS: dict[str, Builder] = {
     "string_check": build_string_check,
     "text_similarity": build_text_similarity,
     "multi": build_multi,
-    **_model_builders(),
+    "score_model": build_score_model,
+    "label_model": build_label_model,
+    "python": build_python,
 }
 """OpenAI grader type -> builder, registered by `rldojo.graders.load`."""

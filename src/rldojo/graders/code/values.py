@@ -6,8 +6,8 @@ Test inputs go into the sandbox and candidate return values come out as JSON tre
 always-true ``__eq__`` arrives as ``["unsupported", {"type": ..., "eq_override": true}]``
 and fails, with the information needed for the ``hack:eq_override`` flag.
 
-Stdlib only and no rldojo imports: this file is also shipped into the sandbox
-(``/rldojo/code_values.py``) where the trusted driver and its test processes use it.
+Stdlib only and no rldojo imports: this file is also shipped into the sandbox (as
+``/rldojo/code_values.py``) where the trusted driver and its test processes use it.
 """
 
 import math

@@ -30,7 +30,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rldojo.graders.base import Grader
-from rldojo.graders.injection import (
+from rldojo.graders.judges.client import (
+    JudgeClient,
+    JudgeError,
+    JudgeRequest,
+    ask_verdict,
+    judge_failure,
+)
+from rldojo.graders.judges.injection import (
     DATA_RULES,
     INJECTION_FLAG,
     VerdictError,
@@ -39,8 +46,6 @@ from rldojo.graders.injection import (
     fence,
     nonce_for,
 )
-from rldojo.graders.judge import JudgeClient, JudgeError, JudgeRequest, ask_verdict, judge_failure
-from rldojo.graders.loading import GraderSpecError, LoadContext, check_keys, require
 from rldojo.graders.openai_templates import (
     TemplateError,
     check_template,
@@ -48,6 +53,8 @@ from rldojo.graders.openai_templates import (
     render,
     sample_view,
 )
+from rldojo.graders.specs.common import GraderSpecError, check_keys, require
+from rldojo.graders.specs.context import LoadContext
 from rldojo.types import Message, Rollout, Score, Task
 
 __all__ = ["ModelGrader", "build_label_model", "build_score_model"]

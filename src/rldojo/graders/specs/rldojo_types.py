@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from rldojo.graders.base import Grader
-from rldojo.graders.group_judge import GroupJudgeGrader
-from rldojo.graders.loading import Builder, GraderSpecError, LoadContext, check_keys, require
-from rldojo.graders.rubric import TRACE_CRITERIA, RubricGrader, parse_criteria
+from rldojo.graders.judges.group import GroupJudgeGrader
+from rldojo.graders.judges.rubric import TRACE_CRITERIA, RubricGrader, parse_criteria
+from rldojo.graders.specs.common import GraderSpecError, check_keys, require
+from rldojo.graders.specs.context import Builder, LoadContext
 from rldojo.graders.token_rewards import SpanPenaltyGrader
 
 __all__ = ["BUILDERS"]

@@ -9,7 +9,7 @@ Three test forms are supported:
   top-level asserts on the entry point): `convert_asserts` turns them into call tests in
   the parent with the AST when every assert is a simple comparison of one call on
   constant arguments with a constant; anything else (loops, helpers, random inputs,
-  property checks) goes through the replay path in `code_replay`.
+  property checks) goes through the replay path in `replay`.
 
 Expected outputs stay here, in the parent: the sandbox receives only inputs.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rldojo.graders.code_values import strict_equal
+from rldojo.graders.code.values import strict_equal
 
 Compare = str  # "eq" | "is" | "truthy" | "falsy" | "close"
 

@@ -1,0 +1,71 @@
+"""The arith-tools-v1 reward, computed from ``rollout.info`` (answer and tool counters).
+
+`ArithToolsGrader`, every term configurable (`ArithToolsReward`):
+
+    reward = correct
+           + tag_reward * (answer in <answer> tags and no protocol error)
+           - tool_cost * (tool calls, failed ones included)        # over-use hurts too
+           - format_penalty * (no final answer)
+           - error_penalty * min(protocol errors, error_cap)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rldojo.envs.multiturn import protocol_terms
+from rldojo.types import Rollout, Score, Task
+
+__all__ = ["ArithToolsGrader", "ArithToolsReward"]
+
+
+@dataclass(frozen=True)
+class ArithToolsReward:
+    """Terms of the arith-tools-v1 reward (see the module docstring)."""
+
+    tag_reward: float = 0.1
+    tool_cost: float = 0.02
+    format_penalty: float = 0.2
+    error_penalty: float = 0.05
+    error_cap: int = 5
+
+
+def _integer(text: str | None) -> int | None:
+    if text is None:
+        return None
+    cleaned = re.sub(r"[\s,_]", "", text).rstrip(".")
+    return int(cleaned) if re.fullmatch(r"[+-]?\d{1,5000}", cleaned) else None
+
+
+class ArithToolsGrader:
+    """Scores an arith-tools-v1 rollout from ``rollout.info`` (answer and tool counters)."""
+
+    name = "arith_tools"
+    version = "1"
+
+    def __init__(self, reward: ArithToolsReward | None = None) -> None:
+        self.reward = reward or ArithToolsReward()
+
+    async def grade(self, rollout: Rollout, task: Task) -> Score:
+        prov = {"grader": self.name, "version": self.version}
+        if task.answer is None:
+            return Score.failed("invalid", f"task {task.id} has no answer", provenance=prov)
+        r, info = self.reward, rollout.info
+        answer = _integer(info.get("answer"))
+        correct = float(answer is not None and answer == int(task.answer))
+        fmt, penalty = protocol_terms(
+            info,
+            format_penalty=r.format_penalty,
+            error_penalty=r.error_penalty,
+            error_cap=r.error_cap,
+        )
+        tags_ok = fmt["format"] == 1.0 and fmt["protocol_errors"] == 0
+        attempts = fmt["tool_calls"] + fmt["tool_errors"]
+        value = correct + r.tag_reward * tags_ok - r.tool_cost * attempts - penalty
+        return Score(
+            value,
+            components={"correct": correct, "tags": float(tags_ok), **fmt},
+            explanation=f"answer {info.get('answer')!r} vs {task.answer}",
+            provenance=prov,
+        )
