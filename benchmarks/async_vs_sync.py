@@ -99,7 +99,7 @@ def _rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
         try:
             assert trainer.ray_pool is not None
             trainer.ray_pool.pids()  # actors up and models loaded before timing
-            tasks = trainer.draw_tasks(args.prompts)
+            tasks = trainer.tasks.draw(args.prompts)
             requests = [(t, g, i) for i, t in enumerate(tasks) for g in range(args.group)]
             trainer.ray_pool.publish(trainer.model, 0)
             trainer.ray_pool.run(requests[: args.group], trainer.sampling(0), args.group)

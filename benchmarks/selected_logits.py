@@ -50,7 +50,11 @@ def main() -> None:
             trainer.step()  # warm-up: allocator, kernels, optimizer state
             batches = []
             for _ in range(args.batches):
-                groups, *_ = trainer._loop.run_until_complete(trainer.collect_groups())
+                groups = (
+                    trainer.rollout_source()
+                    .collect(trainer.step_num, trainer.policy_updates)
+                    .groups
+                )
                 trainer.watchdog.set(None)  # collected: nothing is waited on
                 trainer.step_num += 1  # the next batch: other seeds
                 batches.append([g for g in groups if g.informative] or groups)

@@ -190,9 +190,10 @@ def rldojo_overrides(steps: int, threads: int, run_dir: Path) -> list[str]:
 def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
     """Train `steps` steps with rldojo's `Trainer`; record times, rewards, memory, prompts.
 
-    The trainer's own `draw_tasks` draws every step's prompts up front (its order is
-    seeded and does not depend on training, so drawing early changes nothing); they are
-    written to `io_dir/task_ids.json` for TRL and handed back to the trainer step by step.
+    The trainer's own task sampler (`trainer.tasks.draw`) draws every step's prompts up
+    front (its order is seeded and does not depend on training, so drawing early changes
+    nothing); they are written to `io_dir/task_ids.json` for TRL and handed back to the
+    trainer step by step.
     """
     import torch
 
@@ -204,7 +205,7 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
         cfg = load_config(None, rldojo_overrides(steps, threads, Path(tmp)))
         trainer = Trainer(cfg, Path(tmp) / "vs_trl")
         n = SHARED["prompts_per_step"]
-        planned = [trainer.draw_tasks(n) for _ in range(steps)]
+        planned = [trainer.tasks.draw(n) for _ in range(steps)]
         (io_dir / "task_ids.json").write_text(json.dumps([[t.id for t in p] for p in planned]))
         drawn: list[list[str]] = []
 
@@ -214,7 +215,7 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
             drawn.append([t.id for t in planned[len(drawn)]])
             return planned[len(drawn) - 1]
 
-        trainer.draw_tasks = next_planned  # type: ignore[method-assign]
+        trainer.tasks.draw = next_planned  # type: ignore[method-assign]
         before = {"rss_mib": rss_mib(), "peak_rss_mib": peak_rss_mib()}
         steps_out = []
         tell_parent("ready")

@@ -1,7 +1,7 @@
 """rldojo: reinforcement learning of language models on verifiable and agentic environments.
 
 The public API is small: the shared types, the environment registry and the grader
-protocol. Everything else lives in its subpackage (see DESIGN.md for the map).
+protocol. Everything else lives in its subpackage; docs/architecture.md is the map.
 """
 
 from rldojo.envs.registry import list_envs, make_env, register

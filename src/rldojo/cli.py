@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rldojo.commands.ui import console, fail, user_errors
 from rldojo.config import ConfigError, load_config
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False
 )
-console = Console()
 _debug = {"on": os.environ.get("RLDOJO_DEBUG", "") == "1"}
 
 
@@ -35,20 +34,6 @@ def _options(
 ) -> None:
     """rldojo: reinforcement learning of language models on verifiable environments."""
     _debug["on"] = _debug["on"] or debug
-
-
-def fail(message: str) -> None:
-    console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    from rldojo.data.loading import DataError
-    from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
-    from rldojo.graders.openai_templates import TemplateError
-    from rldojo.policy.models import ModelLoadError
-
-    return (ConfigError, DataError, UnknownEnvError, EnvKwargsError, ModelLoadError, TemplateError)
 
 
 def main() -> None:

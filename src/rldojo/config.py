@@ -42,8 +42,11 @@ class ModelConfig(_Section):
 
 class EnvMixEntry(_Section):
     id: str
+    """An environment id (`rldojo envs`), or `module:factory` imported from the cwd."""
     weight: float = Field(1.0, gt=0.0)
+    """Relative share of the tasks drawn from this environment."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the environment's factory (checked against its signature)."""
 
 
 class EnvConfig(_Section):
@@ -72,10 +75,13 @@ class GraderConfig(_Section):
 
 class SamplingConfig(_Section):
     max_new_tokens: int = Field(48, gt=0)
+    """Most tokens sampled per policy turn (a longer completion is cut: `length`)."""
     temperature: float = Field(0.7, ge=0.0)
     """Sampling temperature; the forking-token entropy is measured at this temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: sample from the smallest set of tokens holding this much mass."""
     stop: list[str] = Field(default_factory=list)
+    """Strings that end a completion once sampled (the completion keeps them)."""
 
 
 class RolloutConfig(_Section):
@@ -100,6 +106,7 @@ class RolloutConfig(_Section):
     grade_timeout_s: float = Field(30.0, gt=0)
     """Per-rollout grading timeout; past it the score is `timeout` and not trained on."""
     grade_concurrency: int = Field(8, gt=0)
+    """Rollouts graded at once (judges over HTTP overlap their calls up to this)."""
     env_workers: int = Field(0, ge=0)
     """Environment worker processes (0: environments run in the trainer's event loop).
     With N > 0 an environment that blocks, crashes or leaks costs a worker, not the run:
@@ -130,14 +137,23 @@ class LossConfig(_Section):
     rho: float = Field(0.2, gt=0.0, le=1.0)
     """Share of highest-entropy policy tokens that carry gradient (arXiv 2506.01939); 1.0 = all."""
     scope: Literal["batch", "microbatch", "sequence"] = "batch"
+    """Where the top-`rho` tokens are chosen: over the whole batch (the paper), each
+    micro-batch of `optim.micro_batch_size` rows, or each sequence."""
     normaliser: Literal["selected", "all"] = "selected"
+    """`selected`: the loss is the mean over the selected tokens (the paper); `all`: the
+    sum over selected tokens divided by every policy token (the update shrinks with rho)."""
     eps_low: float = Field(0.2, ge=0.0)
+    """Lower clip of the PPO ratio: a token's ratio is clipped at 1 - eps_low."""
     eps_high: float = Field(0.28, ge=0.0)
     """Clip-higher (DAPO): a larger upper clip keeps low-probability tokens explorable."""
     dual_clip: float | None = Field(None, gt=1.0)
+    """Dual clip c > 1: for tokens with a negative advantage the loss is capped at c·|A|
+    (a very large ratio cannot dominate the update); None turns it off."""
     kl_coef: float = Field(0.0, ge=0.0)
     """k3 KL to the initial model; 0 disables it and skips the reference model."""
     scale_adv_by_std: bool = True
+    """Divide group advantages by the group's reward std (GRPO); false: mean-centred
+    only (Dr. GRPO)."""
     tis_cap: float | None = Field(2.0, gt=0.0)
     """Truncated importance sampling: weight each token by min(pi_train / pi_sampler, cap)
     to correct sampler/trainer numeric mismatch or stale samples (Yao et al. 2025); None
@@ -149,12 +165,18 @@ class LossConfig(_Section):
 
 class OptimConfig(_Section):
     lr: float = Field(2e-5, gt=0.0)
+    """AdamW learning rate (peak, after warmup)."""
     weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
     betas: tuple[float, float] = Field((0.9, 0.99), strict=False)
     """AdamW's (beta1, beta2); the items must be numbers."""
     warmup_steps: int = Field(0, ge=0)
+    """Steps of linear learning-rate warmup from 0."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate after warmup: constant, or decayed linearly / by cosine to 0 at
+    `run.steps`."""
     grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this before each optimizer step."""
     micro_batch_size: int = Field(16, gt=0)
     """Sequences per forward/backward; gradients accumulate over the batch."""
     share_prompt: bool = True
@@ -174,6 +196,8 @@ class CurriculumSection(_Section):
     window: int = Field(2, ge=1)
     """A task is saturated when its last `window` groups were all-correct (or all-wrong)."""
     mode: Literal["downweight", "retire"] = "downweight"
+    """`downweight`: saturated tasks are drawn with `saturated_weight`; `retire`: never
+    again (unless every task is retired)."""
     saturated_weight: float = Field(0.1, ge=0.0, le=1.0)
     """Draw weight of a saturated task in `downweight` mode (1.0 = never down-weighted)."""
     pass_threshold: float | None = None
@@ -194,8 +218,11 @@ Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]
 
 class RunConfig(_Section):
     steps: int = Field(12, ge=0)
+    """Optimizer steps to train (a resumed run trains up to this many in all)."""
     seed: int = 0
+    """Seeds task order, sampling and initialisation: the same seed, the same run."""
     output_dir: str = "runs"
+    """Directory the run directories are created in."""
     name: str | None = None
     """Run directory name under output_dir (default: timestamp)."""
     checkpoint_every: int = Field(0, ge=0)
@@ -217,15 +244,25 @@ class RunConfig(_Section):
 
 class TrainConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model and its precision."""
     env: EnvConfig = Field(default_factory=EnvConfig)
+    """The environment(s) tasks are drawn from."""
     grader: GraderConfig = Field(default_factory=GraderConfig)
+    """A grader spec replacing the environments' graders, and the pass threshold."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How completions are sampled during training."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Groups, dynamic sampling, workers, timeouts, asynchronous generation."""
     loss: LossConfig = Field(default_factory=LossConfig)
+    """The forking-token policy-gradient loss."""
     curriculum: CurriculumSection = Field(default_factory=CurriculumSection)
+    """The online curriculum (off by default)."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer, schedule, micro-batches."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out greedy evaluation."""
     run: RunConfig = Field(default_factory=RunConfig)
+    """Steps, seed, output, checkpoints, threads, cluster, trackers."""
 
 
 def _parse_value(text: str) -> Any:

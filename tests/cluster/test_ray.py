@@ -49,7 +49,7 @@ def test_training_through_ray_actors(tmp_path):
         metrics = [trainer.step() for _ in range(2)]
         rows = trainer.ledger.count()
         # Rollouts really came from the actor processes, not the trainer's.
-        _, rollouts, _, _, _ = trainer._loop.run_until_complete(trainer.collect_groups())
+        rollouts = trainer.rollout_source().collect(trainer.step_num, 0).rollouts
     finally:
         trainer.close()
     assert rows == 2 * 4

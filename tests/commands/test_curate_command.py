@@ -7,8 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from rldojo.cli import app
-from rldojo.data.curate import task_row
 from rldojo.envs.registry import make_env
+from rldojo.eval.curate import task_row
 
 runner = CliRunner()
 

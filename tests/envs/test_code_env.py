@@ -11,15 +11,10 @@ import pytest
 
 from rldojo.data.loading import DataError
 from rldojo.envs.base import Env
-from rldojo.envs.code import (
-    CodeEnv,
-    CodeRepairEnv,
-    FeedbackError,
-    TurnCostGrader,
-    feedback_message,
-    visible_tests,
-)
-from rldojo.envs.code_tasks import N_HELD_OUT, N_VISIBLE, TEMPLATES, format_call
+from rldojo.envs.code import CodeEnv, CodeRepairEnv, TurnCostGrader
+from rldojo.envs.code.feedback import FeedbackError, feedback_message, visible_tests
+from rldojo.envs.code.tasks import N_HELD_OUT, N_VISIBLE, format_call
+from rldojo.envs.code.templates import TEMPLATES
 from rldojo.envs.registry import list_envs, make_env
 from rldojo.graders.code.grader import CodeTestsGrader, suite_from_info
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
@@ -358,7 +353,7 @@ def test_visible_tests_of_assert_suites_and_count_only_feedback() -> None:
     assert visible is not None and 0 < len(visible) <= len(converted) // 2 + 1
     assert visible_tests({"entry_point": "f", "test": "def check(c):\n    for i in range(3):\n"
                           "        assert c(i) == i\n"}) is None  # fmt: skip
-    from rldojo.envs.code import VisibleCheck
+    from rldojo.envs.code.feedback import VisibleCheck
 
     message = feedback_message(VisibleCheck(2, 5, detailed=False))
     assert "passed 2 of 5 tests" in message

@@ -9,7 +9,8 @@ import pytest
 
 from rldojo.envs.base import EpisodeDone
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv, protocol_terms
-from rldojo.envs.tools import Tool, ToolBox, ToolCall, ToolError, parse_turn, tool, tools_prompt
+from rldojo.envs.tool_calls import ToolCall, parse_turn
+from rldojo.envs.tools import Tool, ToolBox, ToolError, tool, tools_prompt
 from rldojo.types import Task
 
 

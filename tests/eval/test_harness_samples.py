@@ -13,14 +13,8 @@ from typing import ClassVar
 import pytest
 
 from rldojo.envs.registry import make_env
-from rldojo.eval.harness import (
-    OpenAIPolicy,
-    TextPolicy,
-    callable_policy,
-    compare_evals,
-    decode_chat,
-    evaluate_samples,
-)
+from rldojo.eval.harness import compare_evals, evaluate_samples
+from rldojo.policy.adapters import OpenAIPolicy, TextPolicy, callable_policy, decode_chat
 from rldojo.types import Rollout, SamplingParams, Score, Task
 
 _QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")

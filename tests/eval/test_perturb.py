@@ -8,8 +8,9 @@ import re
 import pytest
 
 from rldojo.envs.registry import make_env
-from rldojo.eval.harness import callable_policy, evaluate_samples
+from rldojo.eval.harness import evaluate_samples
 from rldojo.eval.perturb import Perturbation, default_suite, robustness_report, select_suite
+from rldojo.policy.adapters import callable_policy
 from rldojo.types import SamplingParams
 
 

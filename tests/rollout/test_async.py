@@ -54,7 +54,7 @@ def _overlapping(trainer: Trainer) -> Trainer:
 
     def update_after_the_next_batch(*args, **kwargs):
         deadline = time.monotonic() + 120
-        while trainer.pipeline is None or trainer.pipeline._queue.qsize() < 1:
+        while trainer.source is None or trainer.source._queue.qsize() < 1:
             assert time.monotonic() < deadline, "no batch was generated during the step"
             time.sleep(0.01)
         return update(*args, **kwargs)
@@ -104,7 +104,7 @@ def test_producer_failure_is_raised_not_hung(tmp_path, monkeypatch):
     def broken(n):
         raise OSError("task store unavailable")
 
-    monkeypatch.setattr(trainer, "draw_tasks", broken)
+    monkeypatch.setattr(trainer.tasks, "draw", broken)
     try:
         with pytest.raises(RuntimeError, match="rollout producer failed"):
             trainer.step()
@@ -182,3 +182,16 @@ def test_oversampling_draws_more_and_trains_prompts_per_step_groups(tmp_path, la
     assert metrics["rollout/groups_surplus"] == informative - 2
     assert metrics["train/sequences"] == 2 * 4  # never more than prompts_per_step groups
     assert sum(1 for (t,) in rows if t) == 2 * 4
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_the_curriculum_learns_on_every_source(tmp_path, lag):
+    """Every source reports its groups to the task sampler: after 2 steps the curriculum
+    has seen tasks, asynchronous producer included (it never did before the seam)."""
+    trainer = _trainer(tmp_path, lag, "curriculum.enabled=true")
+    try:
+        metrics = [trainer.step() for _ in range(2)]
+    finally:
+        trainer.close()
+    assert metrics[-1]["curriculum/observed"] > 0
+    assert trainer.tasks.curriculum is trainer.curriculum

@@ -197,6 +197,7 @@ def child_main() -> None:
     """The child: `rldojo train ARGS` with the phases traced and the kill plan armed."""
     observer = _Observer(os.environ["KILL_TRACE"], json.loads(os.environ["KILL_PLAN"]))
     observer.enter("import")
+    import rldojo.rollout.generation as generation_module
     import rldojo.store.ledger as ledger_module
     import rldojo.train.trainer as trainer_module
     from rldojo.cli import app
@@ -204,8 +205,8 @@ def child_main() -> None:
     observer.leave("import")
     for owner, name, phase in (
         (trainer_module, "load_model", "load"),
-        (trainer_module, "collect_rollouts", "generate"),
-        (trainer_module, "grade_rollouts", "grade"),
+        (generation_module, "collect_rollouts", "generate"),
+        (generation_module, "grade_rollouts", "grade"),
         (trainer_module, "save_checkpoint", "save"),
         (trainer_module.Trainer, "train_on", "train"),
         (ledger_module.Ledger, "add", "ledger.add"),

@@ -94,7 +94,7 @@ def test_curriculum_retires_saturated_tasks_across_resume(tmp_path):
     resumed = Trainer(load_config(None, overrides), tmp_path / "c", resume=True)
     try:
         assert resumed.curriculum.state_dict() == state
-        drawn = {t.id for t in resumed.draw_tasks(18)}
+        drawn = {t.id for t in resumed.tasks.draw(18)}
         assert not seen & drawn  # retired tasks are not drawn again
     finally:
         resumed.close()

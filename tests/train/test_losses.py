@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from rldojo.train.losses import (
-    entropy_stats,
     group_advantages,
     high_entropy_mask,
     high_entropy_threshold,
@@ -18,6 +17,7 @@ from rldojo.train.losses import (
     policy_loss,
     token_entropy,
 )
+from rldojo.train.step_metrics import entropy_stats
 
 # ------------------------------------------------------------------------ entropy
 

@@ -53,7 +53,7 @@ def check_env_command(
     """Check an environment: determinism, snapshot/restore, bad actions, step after done."""
     from rich.markup import escape
 
-    from rldojo.cli import console, fail
+    from rldojo.commands.ui import console, fail
     from rldojo.envs.check import check_env
     from rldojo.envs.registry import list_envs
 
@@ -182,7 +182,7 @@ def _block(header: str, content: str) -> list[str]:
 def transcript_lines(episode: Episode) -> list[str]:
     """The transcript as plain lines: a header per message naming its role and whether it
     is prompt, policy turn or environment reply; tool calls listed under their turn."""
-    from rldojo.envs.tools import parse_turn
+    from rldojo.envs.tool_calls import parse_turn
 
     if not episode.task_id:
         return [f"episode not played: {episode.error}"]
@@ -230,7 +230,7 @@ def show_episode(
     """Play and print one episode (`--show`)."""
     from rich.markup import escape
 
-    from rldojo.cli import console
+    from rldojo.commands.ui import console
 
     episode = asyncio.run(
         play_episode(env_id, env_kwargs, seed=seed, actions=actions, timeout_s=timeout_s)

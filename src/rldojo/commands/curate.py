@@ -7,7 +7,7 @@ Without `--data`, the tasks are the `--env` environment's `--split` split. Near-
 of the `--dedup-against` files (and of earlier tasks in the set) are dropped first, so no
 model calls are spent on them. Every kept row carries `pass_rate`, `samples`, `passes`
 and `mean_reward`; `--estimates` writes every task's estimate, `--plot` a histogram PNG,
-`--report` a JSON summary (see `rldojo.data.curate`).
+`--report` a JSON summary (see `rldojo.eval.curate`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _env_factory(env: str, kwargs: dict[str, Any], data: Path | None) -> Any:
 
 
 def _tasks(o: dict[str, Any], env_for: Any) -> list[Any]:
-    from rldojo.data.curate import load_tasks
+    from rldojo.eval.curate import load_tasks
 
     if o["data"] is not None:
         return load_tasks(o["data"], o["env"], env_for)
@@ -82,9 +82,9 @@ def curate(
     ] = None,
 ) -> None:
     """Estimate pass rates with K samples per task and keep the tasks inside a band."""
-    from rldojo.cli import console, fail, user_errors
     from rldojo.commands.evaluation import set_threads
-    from rldojo.data.curate import Band
+    from rldojo.commands.ui import console, fail, user_errors
+    from rldojo.eval.curate import Band
 
     set_threads(threads)
     o = dict(locals())
@@ -105,8 +105,8 @@ def curate(
 
 
 def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
-    from rldojo.data.curate import estimate_pass_rates, task_row
     from rldojo.data.dedup import dedup_tasks
+    from rldojo.eval.curate import estimate_pass_rates, task_row
     from rldojo.policy.models import load_model
     from rldojo.policy.transformers_backend import TransformersPolicy
     from rldojo.types import SamplingParams
@@ -161,7 +161,7 @@ def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
 
 
 def _texts(path: Path) -> list[str]:
-    from rldojo.data.curate import load_texts
+    from rldojo.eval.curate import load_texts
 
     return load_texts(path)
 
@@ -169,7 +169,7 @@ def _texts(path: Path) -> list[str]:
 def _summary(
     o: dict[str, Any], found: list[Any], kept: list[Any], removed: list[Any]
 ) -> dict[str, Any]:
-    from rldojo.data.curate import histogram
+    from rldojo.eval.curate import histogram
 
     band = o["band"]
     rates = [e.rate for e in found if e.rate is not None]
@@ -194,7 +194,7 @@ def _summary(
 
 
 def _print(console: Any, o: dict[str, Any], s: dict[str, Any]) -> None:
-    from rldojo.data.curate import histogram_text
+    from rldojo.eval.curate import histogram_text
 
     console.print("pass-rate distribution (tasks per passes/K):")
     console.print(histogram_text(s["histogram"]), highlight=False)

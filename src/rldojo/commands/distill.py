@@ -46,8 +46,8 @@ def distill(
     ] = None,
 ) -> None:
     """Distil a teacher into a student (forward or reverse KL, teacher or student sequences)."""
-    from rldojo.cli import console, fail, user_errors
     from rldojo.commands.evaluation import set_threads
+    from rldojo.commands.ui import console, fail, user_errors
     from rldojo.train.distill import DistillConfig
     from rldojo.train.distill import distill as run_distill
 

@@ -42,7 +42,7 @@ def _policy(spec: str, api_key: str | None) -> Any:
     if spec.startswith(("http://", "https://")):
         import os
 
-        from rldojo.eval.harness import OpenAIPolicy
+        from rldojo.policy.adapters import OpenAIPolicy
 
         base_url, _, served = spec.partition("#")
         key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
@@ -127,7 +127,7 @@ def _as_json(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _robustness(runner: _Runner, policy: Any, tasks: list[Task], base: Any, args: Any) -> Any:
-    from rldojo.eval.multiple_choice import item_from_task
+    from rldojo.envs.multiple_choice import item_from_task
     from rldojo.eval.perturb import robustness_report, select_suite
 
     suite = select_suite(args["perturb"], item_from_task(tasks[0]) is not None)
@@ -238,7 +238,7 @@ def eval_(
     ] = None,
 ) -> None:
     """pass@k, avg@k, maj@k with intervals; paired comparison; robustness; failure modes."""
-    from rldojo.cli import console, fail
+    from rldojo.commands.ui import console, fail
 
     if samples < 1:
         fail("--samples must be >= 1")
@@ -266,7 +266,7 @@ def _errors() -> tuple[type[Exception], ...]:
     """Errors that are the user's input (or endpoint), shown as one line."""
     from openai import OpenAIError
 
-    from rldojo.cli import user_errors
+    from rldojo.commands.ui import user_errors
 
     return (*user_errors(), json.JSONDecodeError, ValueError, FileNotFoundError, OpenAIError)
 

@@ -55,7 +55,7 @@ def grade(
     """Grade a file of (item, sample) rows; write scored rows and a summary."""
     from rich.progress import Progress
 
-    from rldojo.cli import console, fail, user_errors
+    from rldojo.commands.ui import console, fail, user_errors
     from rldojo.graders.offline import (
         check_row_templates,
         grade_rows,
@@ -144,7 +144,7 @@ def eval_judge(
     pass_threshold: ThresholdOpt = None,
 ) -> None:
     """Agreement of a judge with human labels (accuracy, Cohen's kappa) and bias probes."""
-    from rldojo.cli import console, fail, user_errors
+    from rldojo.commands.ui import console, fail, user_errors
     from rldojo.graders.judges.meta_eval import evaluate_judge, read_labels
     from rldojo.graders.offline import check_row_templates
     from rldojo.graders.specs.loading import load

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _open(run: Path):  # type: ignore[no-untyped-def]
-    from rldojo.cli import fail
+    from rldojo.commands.ui import fail
     from rldojo.store.ledger import Ledger
 
     path = run / "ledger.sqlite" if run.is_dir() else run
@@ -30,7 +30,7 @@ def export(
     out: Annotated[Path, typer.Option(help="Parquet file to write")] = Path("ledger.parquet"),
 ) -> None:
     """Write every rollout (tokens, mask, logprobs, score, status) to a Parquet file."""
-    from rldojo.cli import console
+    from rldojo.commands.ui import console
 
     ledger = _open(run)
     try:
@@ -43,7 +43,7 @@ def export(
 @ledger_app.command("stats")
 def stats(run: Annotated[Path, typer.Argument(help="Run directory or ledger.sqlite")]) -> None:
     """Rollout counts by rollout/score status, and how many were trained on."""
-    from rldojo.cli import console
+    from rldojo.commands.ui import console
 
     ledger = _open(run)
     try:

@@ -101,7 +101,7 @@ def new_env_command(
     """Scaffold a package with an environment, a grader, tests and a train config."""
     from rich.markup import escape
 
-    from rldojo.cli import console, fail
+    from rldojo.commands.ui import console, fail
 
     problem = name_problem(name)
     if problem is not None:

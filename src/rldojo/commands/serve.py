@@ -24,7 +24,7 @@ def serve(
     ] = "auto",
 ) -> None:
     """Serve /v1/chat/completions, /v1/models and /v1/embeddings for a local model."""
-    from rldojo.cli import console, fail, user_errors
+    from rldojo.commands.ui import console, fail, user_errors
     from rldojo.serve.server import serve_forever
 
     if dtype not in ("auto", "bfloat16", "float32"):

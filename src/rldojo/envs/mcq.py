@@ -10,7 +10,7 @@ where `options` may be called `choices`, and `answer` is the option's index, its
 (``"C"``) or its text. Bad rows raise `DataError` naming the file, line and field.
 
 The display format (label scheme, option order, template, answer instruction) is an
-`rldojo.eval.multiple_choice.MCFormat`, set by the `labels`, `order_seed`, `template` and
+`rldojo.envs.multiple_choice.MCFormat`, set by the `labels`, `order_seed`, `template` and
 `instruction` arguments; the robustness probes re-render the same tasks under other
 formats. The reward is ``correct - format_penalty * (1 - format)``, where `correct` is
 judged on the chosen option's content (`MultipleChoiceGrader`).
@@ -28,8 +28,8 @@ from typing import Any
 
 from rldojo.data.loading import DataError, read_rows, require_any_field
 from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.multiple_choice import MCFormat, MCItem, mc_reward, mc_task
 from rldojo.envs.registry import register
-from rldojo.eval.multiple_choice import MCFormat, MCItem, mc_reward, mc_task
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader
 from rldojo.types import Task
 

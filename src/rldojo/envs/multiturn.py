@@ -8,7 +8,7 @@ a board) is saved by `save_state()` / `load_state()`.
 
 `ToolEnv` is the base of tool-using environments (crm-v1, arith-tools-v1): it shows the
 tool schemas in the system prompt (and in `Observation.info["tools"]` for chat templates
-with tool support), parses each turn with `rldojo.envs.tools.parse_turn`, runs the calls
+with tool support), parses each turn with `rldojo.envs.tool_calls.parse_turn`, runs the calls
 in order and returns one ``tool`` message per call. An ``<answer>`` ends the episode; a
 turn with neither a call nor an answer gets a reminder (or ends it, `no_action="end"`).
 
@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
 from rldojo.envs.base import EpisodeDone
-from rldojo.envs.tools import ERROR_KINDS, PROTOCOL_ERRORS, Tool, ToolBox, parse_turn, tools_prompt
+from rldojo.envs.tool_calls import ERROR_KINDS, PROTOCOL_ERRORS, parse_turn
+from rldojo.envs.tools import Tool, ToolBox, tools_prompt
 from rldojo.types import Message, Observation, StepResult, Task
 
 __all__ = [

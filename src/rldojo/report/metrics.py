@@ -1,69 +1,94 @@
-"""Metric sinks for a run: JSON lines (always) and TensorBoard event files.
+"""The run's metric log: JSON lines (always) and the sinks of `run.report_to`.
 
 Metric names are namespaced (`reward/`, `loss/`, `entropy/`, `time/`, `rollout/`, `eval/`).
-Scalars go to both sinks; text values (e.g. the forking-token list) go to the JSONL file
-and to TensorBoard's text plugin.
+Every record goes to `metrics.jsonl` as logged; the sinks (`rldojo.report.trackers`:
+TensorBoard, W&B, Trackio, MLflow) get its finite scalars and its texts (e.g. the
+forking-token list) at the record's step, evaluation records under `eval/` names.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rldojo.report.trackers import Sink, check_report_to, make_sinks
+
 
 class MetricsLogger:
-    """Writes one JSON object per record to `metrics.jsonl` and scalars to TensorBoard.
+    """Writes one JSON object per record to `metrics.jsonl` and hands it to the sinks.
 
     Each record has `step` and `kind`: `train` for a step's metrics, `eval` for an
-    evaluation logged at that step (they share step numbers). The TensorBoard writer is
-    opened on the first record, so an invocation that logs nothing (a resume of a
-    finished run) adds no event file; `resume_step` makes TensorBoard drop the events
-    after that step that an earlier, killed invocation wrote (they are redone).
+    evaluation logged at that step (they share step numbers). `report_to` names the sinks
+    (`run.report_to`); a tracker whose package is missing is a one-line `ConfigError`
+    here, before anything is written. Sinks open on the first record, so an invocation
+    that logs nothing (a resume of a finished run) adds no event file or tracker run;
+    `resume_step` makes TensorBoard drop the events after that step that an earlier,
+    killed invocation wrote (they are redone), and the trackers continue the run recorded
+    in RUN/trackers.json. `config` (the run's config as plain data) becomes the trackers'
+    hyperparameters.
     """
 
     def __init__(
-        self, run_dir: Path, *, tensorboard: bool = True, resume_step: int | None = None
+        self,
+        run_dir: Path,
+        *,
+        report_to: Sequence[str] = ("tensorboard",),
+        resume_step: int | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
+        check_report_to(report_to)
         self.path = run_dir / "metrics.jsonl"
-        self._run_dir = run_dir
         self._file = self.path.open("a", encoding="utf-8")
-        self._want_tb = tensorboard
-        self._resume_step = resume_step
-        self._tb: Any = None
-
-    def _writer(self) -> Any:
-        if self._tb is None and self._want_tb:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is a dependency, but keep the run alive
-                self._want_tb = False
-                return None
-            purge = None if self._resume_step is None else self._resume_step + 1
-            self._tb = SummaryWriter(log_dir=str(self._run_dir / "tensorboard"), purge_step=purge)
-        return self._tb
+        self.sinks: list[Sink] = make_sinks(
+            report_to, run_dir, resume_step=resume_step, config=config
+        )
 
     def log(self, step: int, metrics: dict[str, Any], *, kind: str = "train") -> None:
         record = {"step": step, "kind": kind, **{k: _jsonable(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        tb = self._writer()
-        if tb is None:
-            return
-        for key, value in metrics.items():
-            if isinstance(value, bool):
-                value = int(value)
-            if isinstance(value, int | float) and math.isfinite(value):
-                tb.add_scalar(key, value, step)
-            elif isinstance(value, str | list):
-                tb.add_text(key, str(value), step)
-        tb.flush()
+        scalars, texts = split_values(metrics, kind=kind)
+        for sink in self.sinks:
+            sink.log(step, scalars, texts, kind=kind)
 
     def close(self) -> None:
+        """Close the file and every sink; called from a `finally` while an error
+        propagates, it marks the tracker runs failed."""
+        failed = sys.exc_info()[0] is not None
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        errors = []
+        for sink in self.sinks:
+            try:
+                sink.close(failed=failed)
+            except Exception as exc:  # close the others, then raise the first
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+def split_values(
+    metrics: Mapping[str, Any], *, kind: str = "train"
+) -> tuple[dict[str, float], dict[str, str]]:
+    """`(scalars, texts)` the sinks get: finite numbers (bools as 0/1) and strings or
+    lists (as their `str`); an `eval` record's names get the `eval/` prefix if they lack
+    it. Anything else (None, NaN, inf) is for the JSONL file only."""
+    scalars: dict[str, float] = {}
+    texts: dict[str, str] = {}
+    for key, value in metrics.items():
+        name = key if kind != "eval" or key.startswith("eval/") else f"eval/{key}"
+        if hasattr(value, "item") and not isinstance(value, str | list):
+            value = value.item()
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, int | float) and math.isfinite(value):
+            scalars[name] = value
+        elif isinstance(value, str | list):
+            texts[name] = str(value)
+    return scalars, texts
 
 
 def _jsonable(value: Any) -> Any:

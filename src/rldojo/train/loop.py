@@ -4,7 +4,9 @@
 
     RUN/config.toml        the config as used (after --set overrides)
     RUN/metrics.jsonl      one JSON object per step ("kind": "train") and per evaluation
-                           ("kind": "eval"); also RUN/tensorboard/
+                           ("kind": "eval"); also the `run.report_to` sinks:
+                           RUN/tensorboard/, RUN/wandb/, RUN/mlflow.db and
+                           RUN/mlflow-artifacts/, their run ids in RUN/trackers.json
     RUN/samples.jsonl      a few graded samples per step (prompt, completion, reward and
                            its components, status), for reading
     RUN/ledger.sqlite      every graded rollout (durable, before training on it)
@@ -99,7 +101,12 @@ def run_training(
         resumed = latest_checkpoint(run_dir / "checkpoints") is not None
         _trim_logs(run_dir, trainer.step_num if resumed else None)
     start = trainer.step_num
-    logger = MetricsLogger(run_dir, resume_step=trainer.step_num if resume else None)
+    logger = MetricsLogger(
+        run_dir,
+        report_to=config.run.report_to,
+        resume_step=trainer.step_num if resume else None,
+        config=config.model_dump(mode="json"),
+    )
     try:
         if config.eval.tasks and "before" not in trainer.evals:
             _report_eval(console, "before", trainer.evaluate("before"))

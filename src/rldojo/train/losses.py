@@ -6,11 +6,11 @@ can be tested against a hand computation and reused by any trainer. The flow per
 1. `logprobs_and_entropy` turns policy logits into per-token log-probs (with gradient) and
    entropies (without), chunked so bf16 logits are never upcast to fp32 all at once.
 2. `high_entropy_mask` keeps the top-ρ "forking" tokens by entropy among policy tokens
-   (Wang et al. 2025, "Beyond the 80/20 Rule"); see DESIGN.md, "Forking-token rule".
+   (Wang et al. 2025, "Beyond the 80/20 Rule"); docs/architecture.md, "The forking-token
+   rule", states its exact semantics.
 3. `group_advantages` computes GRPO-style group-normalised advantages (Shao et al. 2024).
 4. `policy_loss` is the clipped surrogate with clip-higher and token-level aggregation
    (DAPO, Yu et al. 2025), optional dual clip (Ye et al. 2020) and k3 KL (Schulman 2020).
-5. `entropy_stats` summarises the entropy distribution for logging.
 
 Shape letters follow the glossary in `rldojo.types` (B, T, V, M).
 """
@@ -195,7 +195,8 @@ def high_entropy_mask(
     each row) with N masked tokens, k = ceil(ρ·N) and the threshold is the k-th largest
     masked entropy. Returns bool [B, T] = mask & (entropy >= threshold): ties at the
     threshold are all kept, so a scope may select more than k. ρ = 1 returns `mask`.
-    For a batch split across workers, gather entropies first (DESIGN.md: scope `batch`).
+    For a batch split across workers, gather the entropies first: scope `batch` is the
+    whole optimizer batch.
     """
     _check_mask_args(entropy, mask, rho)
     if entropy.dim() != 2:
@@ -377,29 +378,3 @@ def _loss_metrics(
         # For A < 0 the unclipped loss -r·A exceeds c·|A| exactly when r > c.
         metrics["dual_clip_frac"] = _masked_mean(((adv < 0) & (ratio > dual_clip)).float(), mask)
     return metrics
-
-
-# ------------------------------------------------------------------------ logging
-
-
-def entropy_stats(entropy: Tensor, mask: Tensor) -> dict[str, float]:
-    """Entropy distribution over masked tokens, for the `entropy/` metrics.
-
-    Percentiles use linear interpolation between order statistics (numpy's default
-    `method="linear"`): position q·(N-1) in the sorted values. Computed from one sort, not
-    `torch.quantile`, which fails above 2^24 elements. An empty mask gives all zeros.
-    """
-    values = entropy[mask.bool()].float().sort().values  # [N]
-    n = values.numel()
-    stats = {"p50": 0.0, "p80": 0.0, "p95": 0.0, "frac_below_0.01": 0.0, "mean": 0.0}
-    stats["count"] = float(n)
-    if n == 0:
-        return stats
-    for name, q in (("p50", 0.50), ("p80", 0.80), ("p95", 0.95)):
-        pos = q * (n - 1)
-        lo, hi = math.floor(pos), math.ceil(pos)
-        v_lo, v_hi = float(values[lo].item()), float(values[hi].item())
-        stats[name] = v_lo + (v_hi - v_lo) * (pos - lo)
-    stats["frac_below_0.01"] = float((values < 0.01).float().mean().item())
-    stats["mean"] = float(values.double().mean().item())
-    return stats

@@ -120,7 +120,9 @@ def check_inputs(config: TrainConfig) -> Any:
     """Validate the environments, data files, grader spec and model name; returns the
     environment mixture. Raises the one-line user errors the CLI reports."""
     from rldojo.policy.models import check_model
+    from rldojo.report.trackers import check_report_to
 
+    check_report_to(config.run.report_to)
     mixture = build_mixture(config)
     check_model(config.model.name)
     return mixture

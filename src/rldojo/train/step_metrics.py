@@ -1,51 +1,19 @@
-"""Per-step bookkeeping: groups of samples and the metrics logged for them.
-
-A `Group` is the G rollouts of one task with their scores. A sample is *valid* when its
-rollout is trainable and its score is `ok`; failed samples are excluded from the group
-(not counted as reward 0). A group is *informative* when at least two valid samples
-have different rewards — otherwise every advantage is 0 and it carries no signal.
-"""
+"""The metrics logged for one step's rollouts and groups (`rldojo.rollout.groups`)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rldojo.config import RolloutConfig
 from rldojo.eval.harness import passed
-from rldojo.types import Rollout, Score, Task
-
-
-@dataclass
-class Group:
-    task: Task
-    rollouts: list[Rollout]
-    scores: list[Score]
-    ledger_ids: list[int]
-    require_variance: bool = True
-    valid: list[bool] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.valid = [r.trainable and s.ok for r, s in zip(self.rollouts, self.scores, strict=True)]
-
-    @property
-    def rewards(self) -> list[float]:
-        return [
-            float(s.value)
-            for s, ok in zip(self.scores, self.valid, strict=True)
-            if ok and s.value is not None
-        ]
-
-    @property
-    def informative(self) -> bool:
-        rewards = self.rewards
-        if len(rewards) < 2:
-            return False
-        return not self.require_variance or max(rewards) > min(rewards)
+from rldojo.rollout.groups import Group
+from rldojo.types import Rollout, Score
 
 
 def rollout_metrics(
@@ -121,3 +89,26 @@ def forking_tokens(
     """The `top` most frequent selected (forking) tokens as `text×count` strings."""
     counts = Counter(int(t) for t in token_ids[selected].tolist())
     return [f"{tokenizer.decode([tok])!r}×{n}" for tok, n in counts.most_common(top)]
+
+
+def entropy_stats(entropy: Tensor, mask: Tensor) -> dict[str, float]:
+    """Entropy distribution over masked tokens, for the `entropy/` metrics.
+
+    Percentiles use linear interpolation between order statistics (numpy's default
+    `method="linear"`): position q·(N-1) in the sorted values. Computed from one sort, not
+    `torch.quantile`, which fails above 2^24 elements. An empty mask gives all zeros.
+    """
+    values = entropy[mask.bool()].float().sort().values  # [N]
+    n = values.numel()
+    stats = {"p50": 0.0, "p80": 0.0, "p95": 0.0, "frac_below_0.01": 0.0, "mean": 0.0}
+    stats["count"] = float(n)
+    if n == 0:
+        return stats
+    for name, q in (("p50", 0.50), ("p80", 0.80), ("p95", 0.95)):
+        pos = q * (n - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        v_lo, v_hi = float(values[lo].item()), float(values[hi].item())
+        stats[name] = v_lo + (v_hi - v_lo) * (pos - lo)
+    stats["frac_below_0.01"] = float((values < 0.01).float().mean().item())
+    stats["mean"] = float(values.double().mean().item())
+    return stats

@@ -2,8 +2,9 @@
 
 `Trainer.step()` is the whole data flow, top to bottom:
 
-    draw tasks -> roll out G samples per task -> grade -> ledger (durable)
-    -> drop groups without signal (dynamic sampling, refill, else partial batch)
+    graded groups from the rollout source (`rldojo.rollout.sources`: draw tasks -> roll
+    out G samples per task -> grade -> ledger (durable) -> refill groups without signal)
+    -> drop groups without signal (dynamic sampling; else a partial batch)
     -> group advantages -> token entropy -> top-ρ forking-token mask
     -> micro-batched clipped loss with gradient accumulation -> AdamW step
     -> new weights to the policy -> metrics
@@ -21,7 +22,7 @@ import os
 import random
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +33,22 @@ from rldojo.config import TrainConfig, dump_config
 from rldojo.eval.harness import EvalResult, evaluate
 from rldojo.policy.models import check_model, load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.report.trackers import check_report_to
 from rldojo.rollout.env_workers import EnvWorkerPool
+from rldojo.rollout.generation import Generation, LocalGeneration, RayGeneration, Rounds
+from rldojo.rollout.groups import Group
 from rldojo.rollout.mixture import MixtureGrader
-from rldojo.rollout.pipeline import AsyncRollouts, Watchdog
+from rldojo.rollout.sources import RolloutSource, make_source
+from rldojo.rollout.tasks import TaskSampler
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
 from rldojo.train.preflight import build_mixture, env_entries, pass_threshold
 from rldojo.train.resources import resolve_resources
-from rldojo.train.step_metrics import Group, forking_tokens, rollout_metrics
+from rldojo.train.step_metrics import entropy_stats, forking_tokens, rollout_metrics
 from rldojo.train.update import PolicyUpdate, token_advantages
-from rldojo.types import Rollout, SamplingParams, Score, Task
+from rldojo.types import SamplingParams, Task
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -86,13 +90,15 @@ class Trainer:
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         # Everything that can be wrong with the input is found before the run directory
         # exists or a model loads: environment ids and kwargs, data files, the grader
-        # spec here, the model name just below.
+        # spec, the trackers' packages here, the model name just below.
+        check_report_to(cfg.run.report_to)  # a tracker's package is missing
         entries = env_entries(cfg)
         self.envs = build_mixture(cfg)
         self.grader = self.envs.grader()
         self.pass_threshold = pass_threshold(cfg, self.envs)
         self.test_tasks = self.envs.test_tasks
         self.curriculum = self._curriculum() if cfg.curriculum.enabled else None
+        self.tasks = TaskSampler(self.envs, self.curriculum, seed=cfg.run.seed)
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         if checkpoint is None or cfg.loss.kl_coef > 0:  # the KL reference loads the base
             check_model(cfg.model.name)
@@ -106,9 +112,8 @@ class Trainer:
             generation_dtype=self.precision.torch_generation_dtype(),
             separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
         )  # fmt: skip
-        self.pipeline: AsyncRollouts | None = None
+        self.source: RolloutSource | None = None  # started by the first step
         self.grader_pool: EnvWorkerPool | None = None  # graders in workers (own timeout)
-        self.watchdog = Watchdog(cfg.rollout.wait_warn_s)  # logs long synchronous phases
         self.env_pool: EnvWorkerPool | None = None
         if cfg.rollout.env_workers > 0:  # environments in worker processes
             self.env_pool = EnvWorkerPool(
@@ -119,6 +124,12 @@ class Trainer:
         if cfg.rollout.grade_in_workers:
             self.grader = self._remote_graders()
         self.ray_pool = self._ray_pool(entries) if cfg.run.cluster == "ray" else None
+        generation: Generation = (
+            LocalGeneration(self.make_env, self.policy, self.grader, cfg.rollout)
+            if self.ray_pool is None  # else generation, envs and grading on Ray actors
+            else RayGeneration(self.ray_pool, cfg.rollout.group_size, lambda: self.policy_updates)
+        )
+        self.rounds = Rounds(self.tasks, generation, cfg.rollout, self.sampling)
         # The KL reference is the initial model, also after a resume from a checkpoint.
         self.ref_model = None
         if cfg.loss.kl_coef > 0:
@@ -144,7 +155,7 @@ class Trainer:
         if checkpoint is not None:
             state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
             self.step_num, self.evals = state["step"], state.get("evals", {})
-            self.load_draw_state(state)
+            self.tasks.load_state_dict(state)
             self.async_next_batch = int(state.get("async_next_batch", 0))
             self.policy_updates = state.get("policy_version", self.step_num)
             self.policy.version = self.policy_updates
@@ -161,13 +172,9 @@ class Trainer:
     def step(self) -> dict[str, Any]:
         """One optimizer step: collect informative groups, then train on them."""
         started = time.perf_counter()
-        if self.config.rollout.max_policy_lag > 0:
-            groups, all_rollouts, all_scores, timing, rounds = self.take_async_groups()
-        else:
-            groups, all_rollouts, all_scores, timing, rounds = self._loop.run_until_complete(
-                self.collect_groups()
-            )
-            self.watchdog.set(None)
+        collected = self.rollout_source().collect(self.step_num, self.policy_updates)
+        groups, timing, rounds = collected.groups, collected.timing, collected.rounds
+        all_rollouts, all_scores = collected.rollouts, collected.scores
         metrics = rollout_metrics(
             all_rollouts, all_scores, groups, self.config.rollout, self.pass_threshold
         )
@@ -192,8 +199,7 @@ class Trainer:
             "time/tokens_per_s_generate": n_tokens / max(timing["time/generate"], 1e-9)
         }
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
-        if self.curriculum is not None:
-            metrics |= self.curriculum.metrics()
+        metrics |= self.tasks.metrics()
         if self.env_pool is not None:
             metrics |= self.env_pool.metrics()
         if self.grader_pool is not None:
@@ -202,126 +208,17 @@ class Trainer:
         self.ledger.add_step(self.step_num, metrics)
         return metrics
 
-    def take_async_groups(self) -> tuple[list[Group], list[Rollout], list[Score], dict, int]:
-        """Groups from the background producer (started on first use), within the lag bound."""
-        ro = self.config.rollout
-        if self.pipeline is None:
-            self.pipeline = AsyncRollouts(
-                self, ro.max_policy_lag, ro.wait_warn_s, first_batch=self.async_next_batch
-            )
-        groups: list[Group] = []
-        timing: dict[str, float] = {}
-        rounds = 0
-        while True:
-            new, info = self.pipeline.take(self.policy_updates)
-            groups += new
-            for key, value in info.items():
-                timing[key] = timing.get(key, 0.0) + value
-            full = sum(g.informative for g in groups) >= ro.prompts_per_step
-            if full or not ro.dynamic_sampling or rounds >= ro.max_extra_rounds:
-                break
-            rounds += 1
-        rollouts = [r for g in groups for r in g.rollouts]
-        scores = [s for g in groups for s in g.scores]
-        return groups, rollouts, scores, timing, rounds
-
-    async def collect_groups(self) -> tuple[list[Group], list[Rollout], list[Score], dict, int]:
-        """Roll out and grade G samples per task; refill groups without signal (DAPO)."""
-        ro = self.config.rollout
-        groups: list[Group] = []
-        rollouts: list[Rollout] = []
-        scores: list[Score] = []
-        timing = {"time/generate": 0.0, "time/grade": 0.0}
-        rounds = 0
-        while True:
-            need = ro.prompts_per_step - sum(g.informative for g in groups)
-            new = await self._roll_groups(self.draw_tasks(self.oversampled(need)), rounds, timing)
-            if self.curriculum is not None:
-                for g in new:
-                    self.curriculum.observe(g.task.id, g.rewards)
-            groups += new
-            rollouts += [r for g in new for r in g.rollouts]
-            scores += [s for g in new for s in g.scores]
-            full = sum(g.informative for g in groups) >= ro.prompts_per_step
-            if full or not ro.dynamic_sampling or rounds >= ro.max_extra_rounds:
-                return groups, rollouts, scores, timing, rounds
-            rounds += 1
-
-    def oversampled(self, need: int) -> int:
-        """How many tasks to draw for `need` informative groups (`rollout.oversample`)."""
-        return math.ceil(need * self.config.rollout.oversample - 1e-9)
-
-    def requests(self, tasks: Sequence[Task], seed: int) -> list[tuple[Task, int, int]]:
-        """G `(task, sample_index, seed)` requests per task, task i seeded `seed + i`."""
-        g = self.config.rollout.group_size
-        return [(t, k, seed + i) for i, t in enumerate(tasks) for k in range(g)]
-
-    async def generate_and_grade(
-        self,
-        requests: list[tuple[Task, int, int]],
-        seed: int,
-        timing: dict,
-        announce: Callable[[str], None] | None = None,
-    ) -> tuple[list[Rollout], list[Score]]:
-        """Roll out `requests` with the local policy, then grade them; phase times are
-        added to `timing`, and `announce` hears what is being waited on."""
-        ro = self.config.rollout
-        if announce is not None:
-            where = f" on {len(self.ray_pool.actors)} Ray workers" if self.ray_pool else ""
-            tasks = sorted({t.id for t, _, _ in requests})
-            announce(f"generating {len(requests)} samples{where} for tasks {tasks}")
-        t0 = time.perf_counter()
-        if self.ray_pool is not None:  # generation, envs and grading on Ray actors
-            rollouts, scores = self.ray_pool.run(requests, self.sampling(seed), ro.group_size)
-            timing["time/generate"] = timing.get("time/generate", 0.0) + time.perf_counter() - t0
-            timing.setdefault("time/grade", 0.0)  # graded on the actors, inside generate
-            return rollouts, scores
-        rollouts = await collect_rollouts(
-            self.make_env, self.policy, requests, self.sampling(seed),
-            env_timeout_s=ro.env_timeout_s, max_turns=ro.max_turns,
-            max_episode_tokens=ro.max_episode_tokens,
-        )  # fmt: skip
-        t1 = time.perf_counter()
-        if announce is not None:
-            announce(f"grading {len(rollouts)} samples with {self.grader.name}")
-        scores = await grade_rollouts(
-            self.grader, rollouts, [t for t, _, _ in requests],
-            timeout_s=ro.grade_timeout_s, concurrency=ro.grade_concurrency,
-        )  # fmt: skip
-        timing["time/generate"] = timing.get("time/generate", 0.0) + t1 - t0
-        timing["time/grade"] = timing.get("time/grade", 0.0) + time.perf_counter() - t1
-        return rollouts, scores
-
-    async def _roll_groups(self, tasks: list[Task], rnd: int, timing: dict) -> list[Group]:
-        cfg = self.config
-        seed = cfg.run.seed * 1_000_003 + self.step_num * 101 + rnd
-        requests = self.requests(tasks, seed)
-        committed = self.ledger.find_round(self.step_num, rnd)
-        if len(committed) == len(requests):  # graded before a crash: reuse, don't redo
-            ids = [i for i, _, _ in committed]
-            rollouts = [r for _, r, _ in committed]
-            scores = [s for _, _, s in committed]
-            timing["rollout/reused"] = timing.get("rollout/reused", 0) + len(ids)
-            return self._groups(tasks, rollouts, scores, ids)
-        rollouts, scores = await self.generate_and_grade(requests, seed, timing, self.watchdog.set)
-        ids = self.ledger.add(self.step_num, rollouts, scores, round=rnd)  # durable first
-        return self._groups(tasks, rollouts, scores, ids)
-
-    def _groups(
-        self, tasks: list[Task], rollouts: list[Rollout], scores: list[Score], ids: list[int]
-    ) -> list[Group]:
-        cfg = self.config
-        g = cfg.rollout.group_size
-        return [
-            Group(
-                tasks[i],
-                rollouts[i * g : (i + 1) * g],
-                scores[i * g : (i + 1) * g],
-                ids[i * g : (i + 1) * g],
-                require_variance=cfg.rollout.dynamic_sampling,
-            )
-            for i in range(len(tasks))
-        ]
+    def rollout_source(self) -> RolloutSource:
+        """The source of graded groups (`rldojo.rollout.sources`), started on first use:
+        after a resume has restored the draw position, and after the "before" evaluation
+        (an asynchronous producer would otherwise generate alongside it)."""
+        if self.source is None:
+            self.source = make_source(
+                self.rounds, self.config.rollout, self.ledger, self._loop,
+                seed=self.config.run.seed, next_batch=self.async_next_batch,
+                step=lambda: self.step_num,
+            )  # fmt: skip
+        return self.source
 
     def train_on(self, groups: Sequence[Group]) -> dict[str, Any]:
         """Advantages -> entropy -> forking-token mask -> accumulated loss -> optimizer step."""
@@ -347,9 +244,7 @@ class Trainer:
         self.policy_updates += 1
         if self.ray_pool is not None:  # here, not in a rollout thread: the optimizer is idle
             self.ray_pool.publish(self.model, self.policy_updates)
-        metrics |= {
-            f"entropy/{k}": v for k, v in losses.entropy_stats(entropy, batch.policy_mask).items()
-        }
+        metrics |= {f"entropy/{k}": v for k, v in entropy_stats(entropy, batch.policy_mask).items()}
         metrics["entropy/threshold"] = losses.high_entropy_threshold(
             entropy, batch.policy_mask, lc.rho
         )
@@ -372,14 +267,6 @@ class Trainer:
     def sampling(self, seed: int | None = None) -> SamplingParams:
         s = self.config.sampling
         return SamplingParams(s.max_new_tokens, s.temperature, s.top_p, tuple(s.stop), seed)
-
-    def draw_tasks(self, n: int) -> list[Task]:
-        """The next `n` training tasks (by environment weight; seeded, resumable order),
-        thinned by the curriculum's weights when it is on."""
-        if self.curriculum is None:
-            return self.envs.draw(n)
-        rng = random.Random(f"{self.config.run.seed}:curriculum:{self.envs.draws}")
-        return self.curriculum.draw(self.envs.draw, n, rng)
 
     def _curriculum(self) -> Any:
         from rldojo.data.curriculum import Curriculum, CurriculumConfig
@@ -417,23 +304,12 @@ class Trainer:
         }
         return result
 
-    def draw_state(self) -> dict[str, Any]:
-        """Where the task draws stand (environments' cursors, curriculum)."""
-        return {
-            "tasks": self.envs.state_dict(),
-            "curriculum": None if self.curriculum is None else self.curriculum.state_dict(),
-        }
-
-    def load_draw_state(self, state: dict[str, Any]) -> None:
-        self.envs.load_state_dict(state["tasks"])
-        if self.curriculum is not None and state.get("curriculum"):
-            self.curriculum.load_state_dict(state["curriculum"])
-
     def save(self) -> Path:
-        draws = self.draw_state()
-        if self.pipeline is not None and self.pipeline.consumed is not None:
-            # The producer draws ahead; a resumed run must redraw what was not trained yet.
-            self.async_next_batch, draws = self.pipeline.consumed
+        if self.source is None:
+            draws = self.tasks.state_dict()
+        else:  # an asynchronous producer draws ahead: what it has handed over so far
+            draws = self.source.checkpoint_state()
+            self.async_next_batch = draws.pop("next_batch")
         return save_checkpoint(
             self.run_dir / "checkpoints",
             model=self.model,
@@ -478,12 +354,11 @@ class Trainer:
     def close(self) -> None:
         if self.ray_pool is not None:
             self.ray_pool.close()
-        if self.pipeline is not None:
-            self.pipeline.close()
+        if self.source is not None:
+            self.source.close()
         for pool in (self.env_pool, self.grader_pool):
             if pool is not None:
                 pool.close()
-        self.watchdog.close()
         self.ledger.close()
         close = getattr(self.grader, "close", None)
         if close is not None:

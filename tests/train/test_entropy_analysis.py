@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from rldojo.envs.registry import make_env
-from rldojo.eval.entropy_analysis import (
+from rldojo.policy.transformers_backend import TransformersPolicy
+from rldojo.rollout.engine import collect_rollouts
+from rldojo.store.ledger import Ledger
+from rldojo.train.entropy_analysis import (
     entropy_change_by_bucket,
     entropy_markdown,
     entropy_report,
@@ -20,9 +23,6 @@ from rldojo.eval.entropy_analysis import (
     teacher_forced_entropy,
     top_positions,
 )
-from rldojo.policy.transformers_backend import TransformersPolicy
-from rldojo.rollout.engine import collect_rollouts
-from rldojo.store.ledger import Ledger
 from rldojo.types import Rollout, SamplingParams, Score
 
 

@@ -32,11 +32,11 @@ import torch
 
 from rldojo.train.batch import build_token_batch, completion_logits
 from rldojo.train.losses import (
-    entropy_stats,
     high_entropy_mask,
     high_entropy_threshold,
     logprobs_and_entropy,
 )
+from rldojo.train.step_metrics import entropy_stats
 from rldojo.types import Rollout
 
 __all__ = [

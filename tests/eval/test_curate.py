@@ -9,7 +9,9 @@ from collections import Counter
 
 import pytest
 
-from rldojo.data.curate import (
+from rldojo.data.loading import DataError
+from rldojo.envs.registry import make_env
+from rldojo.eval.curate import (
     Band,
     PassRate,
     estimate_pass_rates,
@@ -18,9 +20,7 @@ from rldojo.data.curate import (
     load_tasks,
     task_row,
 )
-from rldojo.data.loading import DataError
-from rldojo.envs.registry import make_env
-from rldojo.eval.harness import callable_policy
+from rldojo.policy.adapters import callable_policy
 from rldojo.types import SamplingParams, Task
 
 _Q = re.compile(r"What is (\d+) \+ (\d+)\?")

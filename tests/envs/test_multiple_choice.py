@@ -8,8 +8,7 @@ import json
 import pytest
 
 from rldojo.data.loading import DataError
-from rldojo.envs.registry import make_env
-from rldojo.eval.multiple_choice import (
+from rldojo.envs.multiple_choice import (
     MCFormat,
     MCItem,
     MultipleChoiceGrader,
@@ -18,6 +17,7 @@ from rldojo.eval.multiple_choice import (
     parse_choice,
     render,
 )
+from rldojo.envs.registry import make_env
 from rldojo.types import Rollout
 
 ITEM = MCItem("Which is prime?", ("4", "6", "7", "9"), correct=2)

@@ -1,0 +1,109 @@
+"""The layer rule of docs/architecture.md, read from the source: a package imports only
+from lower layers (or itself), so there is no cycle between packages; modules stay
+under the size limit; docs cite nothing outside the repository."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "rldojo"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+LAYERS = {
+    "types": 0, "config": 0, "cache": 0,
+    "hardware": 1, "store": 1, "sandbox": 1, "workers": 1,
+    "policy": 2, "data": 2,
+    "serve": 3,
+    "graders": 4,
+    "envs": 5,
+    "rollout": 6,
+    "eval": 7, "cluster": 7, "report": 7,
+    "train": 8,
+    "commands": 9,
+    "cli": 10, "rldojo": 10,
+}  # fmt: skip
+"""Layer of each top-level package or module of `rldojo` (the table in the doc)."""
+
+MAX_LINES = 400
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "rldojo":
+        return None
+    return parts[1] if len(parts) > 1 else "rldojo"
+
+
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    )
+
+
+def _imports(tree: ast.AST) -> list[str]:
+    """Every module imported anywhere in the file (functions included), except under
+    `if TYPE_CHECKING:` (annotations only; nothing runs)."""
+    found: list[str] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if _type_checking(node):
+            continue
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "rldojo":
+                found += [f"rldojo.{a.name}" for a in node.names]
+            else:
+                found.append(node.module)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _files() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts
+        out.append((".".join(parts), path))
+    return out
+
+
+def test_every_package_has_a_layer():
+    packages = {_package(m) for m, _ in _files()}
+    assert packages - set(LAYERS) == set(), "add new packages to LAYERS and the doc"
+    for name in LAYERS:
+        if name != "rldojo":
+            assert f"`{name}`" in DOC.read_text(), f"docs/architecture.md omits {name}"
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for module, path in _files():
+        here = _package(module)
+        assert here is not None
+        for target in _imports(ast.parse(path.read_text())):
+            there = _package(target)
+            if there is None or there == here:
+                continue
+            if LAYERS[there] >= LAYERS[here] and here != "rldojo":
+                upward.append(f"{module} imports {target} (layer {LAYERS[there]} from "
+                              f"{LAYERS[here]})")  # fmt: skip
+    assert upward == []
+
+
+def test_modules_stay_under_the_size_limit():
+    big = {m: n for m, p in _files() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert big == {}
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    cited = []
+    for module, path in _files():
+        if re.search(r"DESIGN\.md|shared/", path.read_text()):
+            cited.append(module)
+    assert cited == []
