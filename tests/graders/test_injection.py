@@ -15,12 +15,13 @@ import asyncio
 import json
 
 import pytest
+from judge_standin import StandinJudge
 
 from rldojo.graders import INJECTION_FLAG, detect_injection, load
 from rldojo.graders.judges import rubric as rubric_module
 from rldojo.graders.judges.injection import extract_verdict, fence, neutralise, nonce_for
 from rldojo.graders.judges.rubric import RubricGrader
-from rldojo.serve import ScriptedEngine, StandinJudge, start_server
+from rldojo.serve import ScriptedEngine, start_server
 from rldojo.serve.engine import ChatRequest
 from rldojo.types import Rollout, Task
 

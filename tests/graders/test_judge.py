@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import pytest
+from judge_standin import StandinJudge
 
 from rldojo.graders import (
     Criterion,
@@ -19,7 +20,7 @@ from rldojo.graders import (
     OpenAIJudge,
     RubricGrader,
 )
-from rldojo.serve import ScriptedEngine, StandinJudge, start_server
+from rldojo.serve import ScriptedEngine, start_server
 from rldojo.serve.engine import ChatChoice, ChatResult, TransformersEngine
 from rldojo.types import Rollout, Task
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from judge_standin import StandinJudge
 from typer.testing import CliRunner
 
 from rldojo.cli import app
-from rldojo.serve import ScriptedEngine, StandinJudge, start_server
+from rldojo.serve import ScriptedEngine, start_server
 
 runner = CliRunner()
 TEXTS = ["12", "12 because 7 + 5", "13", "12", "It is 13, because", "twelve"]

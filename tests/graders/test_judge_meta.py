@@ -8,12 +8,12 @@ import json
 import re
 
 import pytest
+from judge_standin import StandinJudge, split_blocks
 
 from rldojo.graders import load
 from rldojo.graders.judges.meta_eval import agreement, cohen_kappa, evaluate_judge, normalise_label
 from rldojo.graders.offline import GradeRow
-from rldojo.serve import ScriptedEngine, StandinJudge, start_server
-from rldojo.serve.standin import split_blocks
+from rldojo.serve import ScriptedEngine, start_server
 
 
 def test_kappa_and_confusion_by_hand():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from judge_standin import StandinJudge
 
 from rldojo.graders import Criterion, EngineJudge, JudgeClient, RubricGrader, load
 from rldojo.graders.token_rewards import (
@@ -14,7 +15,7 @@ from rldojo.graders.token_rewards import (
     spans_to_token_rewards,
     token_char_ranges,
 )
-from rldojo.serve import ScriptedEngine, StandinJudge
+from rldojo.serve import ScriptedEngine
 from rldojo.types import Rollout, Score, Task
 
 TASK = Task(id="t", prompt="7 + 5?", answer="12")

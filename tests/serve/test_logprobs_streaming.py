@@ -14,8 +14,9 @@ import httpx
 import openai
 import pytest
 import torch
+from judge_standin import StandinJudge
 
-from rldojo.serve import ScriptedEngine, StandinJudge, start_server
+from rldojo.serve import ScriptedEngine, start_server
 from rldojo.serve.engine import ChatRequest, TransformersEngine
 from rldojo.serve.logprobs import token_pieces, word_pieces
 

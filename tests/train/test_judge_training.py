@@ -13,9 +13,10 @@ import hashlib
 import json
 import re
 
+from judge_standin import split_blocks
+
 from rldojo.config import load_config
 from rldojo.serve import ScriptedEngine, start_server
-from rldojo.serve.standin import split_blocks
 from rldojo.train.loop import run_training
 
 TINY = [

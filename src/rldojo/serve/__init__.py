@@ -8,7 +8,6 @@ through the real openai client, on loopback, with no network.
 - `app`: the FastAPI routes (/v1/chat/completions, /v1/models, /v1/embeddings).
 - `logprobs`: per-token texts and raw-model log-probabilities (OpenAI's `logprobs`).
 - `streaming`: `stream: true` replies as OpenAI's server-sent chunks.
-- `standin`: `StandinJudge`, a deterministic judge of rldojo's judge prompts (tests).
 - `server`: `start_server(...)` in a background thread, `serve_forever(...)` for the CLI.
 """
 
@@ -23,7 +22,6 @@ from rldojo.serve.engine import (
     bag_of_letters,
 )
 from rldojo.serve.server import ServerHandle, make_engine, serve_forever, start_server
-from rldojo.serve.standin import StandinJudge
 
 __all__ = [
     "ChatChoice",
@@ -32,7 +30,6 @@ __all__ = [
     "ChatResult",
     "ScriptedEngine",
     "ServerHandle",
-    "StandinJudge",
     "TokenLogprob",
     "TransformersEngine",
     "bag_of_letters",
