@@ -21,12 +21,14 @@ synchronously, leaks memory or segfaults then costs one worker, not the run:
   counts against its `retries` (its environment probably did it); a neighbour's does
   not (bounded anyway).
 
-Workers are fresh interpreters (`rldojo.rollout.env_worker`), not forks: the
-trainer has torch and producer threads a fork would copy mid-flight, and multiprocessing's
-spawn would re-run the user's `__main__`. A worker runs its own event loop, so it serves
-many async episodes at once; it exits when its socket to the trainer closes (and, on
-Linux, is killed when the trainer dies). Factories travel by pickle: by reference when
-their module imports by name, else by value (cloudpickle: scripts, closures).
+Workers are `rldojo.workers` processes (fresh interpreters, not forks: the trainer has
+torch and producer threads a fork would copy mid-flight, and multiprocessing's spawn
+would re-run the user's `__main__`); this module is the environment layer on top: where
+episodes go, replay, and the pool's metrics. What runs inside a worker is in
+`rldojo.rollout.env_worker`. A worker runs its own event loop, so it serves many async
+episodes at once; it exits when its socket to the trainer closes (and, on Linux, is
+killed when the trainer dies). Factories travel by pickle: by reference when their
+module imports by name, else by value (cloudpickle: scripts, closures).
 """
 
 from __future__ import annotations
@@ -36,35 +38,27 @@ import functools
 import hashlib
 import importlib.machinery
 import itertools
-import logging
-import os
-import socket
-import subprocess
 import sys
-import threading
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle
 
 from rldojo.envs.registry import resolve_factory
-from rldojo.rollout.env_worker import READY, RunningCall, env_default_grader, spec_grader
+from rldojo.rollout import env_worker
+from rldojo.rollout.env_worker import env_default_grader, spec_grader
 from rldojo.types import Observation, StepResult, Task
+from rldojo.workers import CallError, WorkerDied, WorkerPool, WorkerProcess
 
-log = logging.getLogger("rldojo.env_workers")
+__all__ = ["EnvCallError", "EnvWorkerPool", "RemoteEnv", "RemoteGrader", "WorkerDied"]
 
 START_TIMEOUT_S = 120.0
 """How long a new worker may take to start serving calls (then it is killed)."""
 
-
-class WorkerDied(RuntimeError):
-    """The worker process that held an episode exited before answering. `culprit`: the
-    call was running in the worker when it died (its environment likely did it)."""
-
-    def __init__(self, message: str, *, culprit: bool = False) -> None:
-        super().__init__(message)
-        self.culprit = culprit
+_OPS: dict[str, Callable[..., Any]] = {
+    "open": env_worker.open_env, "reset": env_worker.reset_env,
+    "step": env_worker.step_env, "close": env_worker.close_env,
+}  # fmt: skip
 
 
 class EnvCallError(RuntimeError):
@@ -92,206 +86,16 @@ def _dumps(obj: Any, module: str | None = None) -> bytes:
     return bytes(cloudpickle.dumps(obj))  # by reference where it can (plain pickle's way)
 
 
-# ---------------------------------------------------------------------- trainer side
-
-
-class _Worker:
-    """One worker process (`python -m rldojo.rollout.env_worker FD MEM`), its socket, and the
-    calls waiting on it. A fresh interpreter, not a fork or multiprocessing spawn: nothing
-    of the trainer's threads is copied and the user's `__main__` is not re-imported."""
-
-    _ids = itertools.count()
-
-    def __init__(self, name: str) -> None:
-        mine, theirs = socket.socketpair()
-        fd, mem = theirs.fileno(), os.memfd_create("rldojo-env-running")
-        os.ftruncate(mem, 8)
-        self.running = RunningCall(mem)
-        self.running.set(-1)
-        cmd = [sys.executable, "-m", "rldojo.rollout.env_worker", str(fd), str(mem)]
-        self.process = subprocess.Popen(cmd, pass_fds=[fd, mem], stdin=subprocess.DEVNULL)
-        theirs.close()
-        os.close(mem)  # the mapping stays
-        self.name = name
-        self.conn = Connection(mine.detach())
-        self.conn.send(sys.path)
-        self.episodes = 0  # open environments on this worker
-        self.in_flight = 0  # calls waiting on it
-        self._pending: dict[int, tuple[asyncio.Future, asyncio.AbstractEventLoop]] = {}
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()  # calls come from several event loops' threads
-        self.alive = True
-        self.ready = False  # it has said READY: it serves calls
-        self._ready_waiters: list[tuple[asyncio.Future, asyncio.AbstractEventLoop]] = []
-        threading.Thread(target=self._read, name=f"{name}-reader", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            while True:
-                rid, ok, payload = self.conn.recv()
-                if rid == READY:
-                    self._wake_ready()
-                    continue
-                with self._lock:
-                    waiter = self._pending.pop(rid, None)
-                if waiter is not None:
-                    error = None if ok else EnvCallError(payload)
-                    _wake(waiter[1], waiter[0], payload, error)
-        except (EOFError, OSError):
-            pass
-        try:
-            code: int | str | None = self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = "still running"
-        why = f"env worker pid {self.process.pid} exited ({code})"
-        culprit = self.running.get()
-        with self._lock:
-            self.alive = False
-            waiting, self._pending = dict(self._pending), {}
-        for rid, (fut, loop) in waiting.items():  # unknown cause (-1): everyone is suspect
-            _wake(loop, fut, None, WorkerDied(why, culprit=culprit in (rid, -1)))
-        self._wake_ready()  # who waits for the start-up learns of the death from its call
-
-    def _wake_ready(self) -> None:
-        with self._lock:
-            self.ready = self.alive
-            waiters, self._ready_waiters = self._ready_waiters, []
-        for fut, loop in waiters:
-            _wake(loop, fut, None, None)
-
-    async def _started(self, fut: asyncio.Future) -> bool:
-        """Wait until the worker serves calls, or `fut` (a call on it) is settled; False
-        when neither happened within `START_TIMEOUT_S`."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self.ready or not self.alive:
-                return True
-            ready = loop.create_future()
-            self._ready_waiters.append((ready, loop))
-        done, _ = await asyncio.wait({ready, fut}, timeout=START_TIMEOUT_S,
-                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        ready.cancel()  # if still pending: a later wake finds it done and leaves it
-        return bool(done)
-
-    def _submit(self, op: str, key: int, args: tuple) -> tuple[int, asyncio.Future]:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        with self._lock:
-            if not self.alive:
-                raise WorkerDied(f"env worker pid {self.process.pid} is gone")
-            rid = next(self._ids)
-            self._pending[rid] = (fut, loop)
-        try:
-            with self._send_lock:
-                self.conn.send((rid, op, key, args))
-        except (OSError, ValueError) as exc:  # the socket broke: the worker is gone
-            self._forget(rid)
-            raise WorkerDied(f"env worker pid {self.process.pid}: {exc}") from None
-        return rid, fut
-
-    def _forget(self, rid: int) -> None:
-        with self._lock:
-            self._pending.pop(rid, None)
-
-    async def call(self, op: str, key: int, *args: Any, timeout_s: float | None = None) -> Any:
-        """Run `op` on the worker. Past `timeout_s`, find out why: if this call holds the
-        worker's event loop (or the worker cannot even say), kill the worker; if the loop
-        is idle, the call awaits something that never comes: cancel it there. Either way
-        the call times out. If another call holds the loop, wait for that one's fate (its
-        own timeout kills the worker and this episode replays), one more timeout at most."""
-        rid, fut = self._submit(op, key, args)
-        self.in_flight += 1
-        try:
-            return await self._wait(op, key, rid, fut, timeout_s)
-        finally:
-            self.in_flight -= 1
-
-    def load(self) -> int:
-        """How busy it is, for placing new work: resident episodes plus calls in flight."""
-        return self.episodes + self.in_flight
-
-    async def _wait(
-        self, op: str, key: int, rid: int, fut: asyncio.Future, timeout_s: float | None
-    ) -> Any:
-        if timeout_s is None:
-            return await fut
-        loop = asyncio.get_running_loop()
-        try:
-            if not await self._started(fut):
-                self._forget(rid)
-                self.kill(f"it did not start within {START_TIMEOUT_S:.0f}s")
-                raise TimeoutError(f"env worker did not start within {START_TIMEOUT_S:.0f}s")
-            deadline = loop.time() + timeout_s  # from the start of the worker, not before
-            hard = deadline + timeout_s
-            while True:
-                try:
-                    return await asyncio.wait_for(asyncio.shield(fut), deadline - loop.time())
-                except TimeoutError:
-                    pass
-                blocker = await self._who_runs()
-                if blocker == "dead":  # killed meanwhile (another call's timeout): replay
-                    return await fut
-                if blocker == rid or blocker == "unknown" or loop.time() >= hard:
-                    self._forget(rid)
-                    self.kill(f"env.{op} held the worker for {timeout_s:.0f}s")
-                    break
-                if blocker is None:  # the loop is free: this call waits on nothing
-                    self._forget(rid)
-                    self._submit("cancel", key, (rid,))
-                    break
-                deadline = min(hard, loop.time() + 0.2)  # someone else blocks the loop
-        finally:
-            if not fut.done():
-                fut.cancel()
-            elif not fut.cancelled():
-                fut.exception()  # retrieved: no "never retrieved" noise for a dead worker
-        raise TimeoutError(f"env.{op} took longer than {timeout_s:.0f}s")
-
-    async def _who_runs(self) -> int | str | None:
-        """The request whose code is running in the worker now (None: none), `unknown`
-        when the worker does not answer (stuck holding the GIL), `dead` when it is gone."""
-        try:
-            rid, fut = self._submit("who", -1, ())
-            return await asyncio.wait_for(fut, 1.0)  # type: ignore[no-any-return]
-        except WorkerDied:
-            return "dead"
-        except TimeoutError:
-            self._forget(rid)
-            return "unknown"
-
-    def hang_up(self) -> None:
-        """Shut the socket down (wakes our reader thread too); the worker sees EOF, exits."""
-        try:
-            sock = socket.socket(fileno=self.conn.fileno())
-            sock.shutdown(socket.SHUT_RDWR)
-            sock.detach()
-        except OSError:
-            pass
-
-    def is_alive(self) -> bool:
-        return self.alive and self.process.poll() is None
-
-    def kill(self, why: str) -> None:
-        if self.process.poll() is None:
-            log.warning("killing env worker pid %s: %s", self.process.pid, why)
-            self.process.kill()
-
-
-def _settle(fut: asyncio.Future, value: Any, error: BaseException | None) -> None:
-    if fut.done():  # cancelled by a timeout meanwhile
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(value)
-
-
-def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any,
-          error: BaseException | None) -> None:  # fmt: skip
+async def _call(worker: WorkerProcess, fn: Callable[..., Any], args: tuple, timeout_s: float,
+                label: str) -> Any:  # fmt: skip
+    """One call on `worker`, its failures as the engine reads them: `EnvCallError` (the
+    code raised), `TimeoutError` (status `timeout`), `WorkerDied` (replay or retry)."""
     try:
-        loop.call_soon_threadsafe(_settle, fut, value, error)
-    except RuntimeError:  # that event loop is closed: nobody is waiting any more
-        pass
+        return await worker.call(fn, args, timeout_s=timeout_s, label=label)
+    except CallError as exc:
+        raise EnvCallError(str(exc)) from None
+    except TimeoutError as exc:  # the call's, or its worker's start-up
+        raise TimeoutError(str(exc)) from None
 
 
 class EnvWorkerPool:
@@ -303,30 +107,34 @@ class EnvWorkerPool:
         if workers < 1:
             raise ValueError("EnvWorkerPool needs at least one worker")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
-        self._slots: list[_Worker | None] = [None] * workers
-        self._lock = threading.Lock()
+        # die_with_parent: workers are started by the trainer's main thread or its async
+        # producer's, both alive for the whole run.
+        self._workers = WorkerPool(workers, name="env worker", start_timeout_s=START_TIMEOUT_S,
+                                   die_with_parent=True)  # fmt: skip
         self._keys = itertools.count()
         self._factories: dict[str, bytes] = {}
-        self.started = 0  # worker processes started (the first N, then replacements)
         self.replays = 0  # episodes replayed after their worker died
         self.regrades = 0  # grader calls retried after their worker died
 
+    @property
+    def _slots(self) -> list[WorkerProcess | None]:
+        return self._workers.slots
+
+    @property
+    def started(self) -> int:
+        """Worker processes started (the first N, then replacements)."""
+        return self._workers.counters.started
+
     def metrics(self) -> dict[str, float]:
-        n = len(self._slots)
         return {
-            "env_workers/replaced": max(0, self.started - n),
+            "env_workers/replaced": self._workers.counters.replaced,
             "env_workers/replays": self.replays,
             "env_workers/regrades": self.regrades,
         }
 
-    def worker(self) -> _Worker:
+    def worker(self) -> WorkerProcess:
         """The live worker with the fewest open episodes (starting any that are missing)."""
-        with self._lock:
-            for i, w in enumerate(self._slots):
-                if w is None or not w.is_alive():
-                    self._slots[i] = _Worker(f"rldojo-env-{i}")
-                    self.started += 1
-            return min((w for w in self._slots if w is not None), key=_Worker.load)
+        return self._workers.worker()
 
     def make_env(self, env_id: str, kwargs: dict[str, Any]) -> RemoteEnv:
         if env_id not in self._factories:  # pickled once per environment id
@@ -344,16 +152,7 @@ class EnvWorkerPool:
         return RemoteGrader(self, _dumps(functools.partial(spec_grader, spec)), name)
 
     def close(self) -> None:
-        with self._lock:
-            workers, self._slots = [w for w in self._slots if w], [None] * len(self._slots)
-        for w in workers:
-            w.hang_up()
-        for w in workers:
-            try:
-                w.process.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                w.process.kill()
-                w.process.wait(timeout=2)
+        self._workers.close(grace_s=2.0)
 
 
 class RemoteEnv:
@@ -367,7 +166,7 @@ class RemoteEnv:
     ) -> None:
         self.env_id, self._pool, self._factory, self._kwargs = env_id, pool, factory, kwargs
         self._key = key
-        self._worker: _Worker | None = None
+        self._worker: WorkerProcess | None = None
         self._start: tuple[Task, int] | None = None
         self._opening: list[Any] = []  # the reset observation's messages (replay check)
         self._actions: list[tuple[str, str]] = []  # (action, digest of the env's reply)
@@ -380,7 +179,7 @@ class RemoteEnv:
         return obs
 
     async def step(self, action: str) -> StepResult:
-        async def step(worker: _Worker) -> StepResult:
+        async def step(worker: WorkerProcess) -> StepResult:
             result: StepResult = await self._call(worker, "step", action)
             return result
 
@@ -394,7 +193,7 @@ class RemoteEnv:
     async def close(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None and worker.alive:
-            worker.episodes -= 1
+            worker.residents -= 1
             await self._call(worker, "close")
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Any:
@@ -403,17 +202,18 @@ class RemoteEnv:
     def default_grader(self) -> Any:
         raise NotImplementedError("a RemoteEnv runs episodes; ask the local env for its grader")
 
-    async def _open_and_reset(self, worker: _Worker) -> Observation:
+    async def _open_and_reset(self, worker: WorkerProcess) -> Observation:
         assert self._start is not None
         task, seed = self._start
         await self._call(worker, "open", self.env_id, self._factory, self._kwargs)
         obs: Observation = await self._call(worker, "reset", task, seed)
         return obs
 
-    async def _call(self, worker: _Worker, op: str, *args: Any) -> Any:
-        return await worker.call(op, self._key, *args, timeout_s=self._pool.timeout_s)
+    async def _call(self, worker: WorkerProcess, op: str, *args: Any) -> Any:
+        return await _call(worker, _OPS[op], (self._key, *args), self._pool.timeout_s,
+                           f"env.{op}")  # fmt: skip
 
-    async def _with_replay(self, op: Callable[[_Worker], Any]) -> Any:
+    async def _with_replay(self, op: Callable[[WorkerProcess], Any]) -> Any:
         """Run `op` on this episode's worker; if the worker dies, rebuild the episode on
         a live worker (reset + the same actions) and run `op` again."""
         attempt = 0
@@ -421,13 +221,13 @@ class RemoteEnv:
             try:
                 if self._worker is None:
                     self._worker = self._pool.worker()
-                    self._worker.episodes += 1
+                    self._worker.residents += 1
                     if self._opening:  # rebuilding after a worker died
                         await self._replay(self._worker)
                 return await op(self._worker)
             except WorkerDied as exc:
                 if self._worker is not None:
-                    self._worker.episodes -= 1
+                    self._worker.residents -= 1
                 self._worker = None
                 # Charged: deaths in this episode's own call (or of unknown cause). Others
                 # are a neighbour's doing; those replays are free but still bounded.
@@ -438,7 +238,7 @@ class RemoteEnv:
                 self._pool.replays += 1
                 await asyncio.sleep(self._pool.backoff_s * 2 ** min(self.replays - 1, 4))
 
-    async def _replay(self, worker: _Worker) -> None:
+    async def _replay(self, worker: WorkerProcess) -> None:
         """Rebuild the episode: the opening and every reply must be what they were."""
         obs = await self._open_and_reset(worker)
         same = list(obs.messages) == self._opening
@@ -477,9 +277,9 @@ class RemoteGrader:
         while True:
             tries += 1
             try:
-                return await pool.worker().call(
-                    "grade", -1, self._recipe, rollout, task, timeout_s=pool.timeout_s
-                )
+                args = (self._recipe, rollout, task)
+                return await _call(pool.worker(), env_worker.grade, args, pool.timeout_s,
+                                   "env.grade")  # fmt: skip
             except WorkerDied as exc:  # charged only if this call was running (as episodes)
                 charged += 1 if exc.culprit else 0
                 if charged > pool.retries or tries > 4 * pool.retries + 4:
