@@ -55,7 +55,6 @@ def main() -> None:
                     .collect(trainer.step_num, trainer.policy_updates)
                     .groups
                 )
-                trainer.watchdog.set(None)  # collected: nothing is waited on
                 trainer.step_num += 1  # the next batch: other seeds
                 batches.append([g for g in groups if g.informative] or groups)
             weights = copy.deepcopy(trainer.model.state_dict())

@@ -49,6 +49,9 @@ def test_round_trip_through_dump(tmp_path):
         ("[loss\n", [], "c.toml: invalid TOML"),
         ("", ["optim.lr=-1"], "c.toml + --set: optim.lr: Input should be greater than 0"),
         ("", ["loss.scope=everything"], "c.toml + --set: loss.scope: Input should be"),
+        ("[loss]\neps_low = 1.0\n", [], "c.toml: loss.eps_low: Input should be less than 1"),
+        ("", ["loss.dual_clip=1.0"], "c.toml + --set: loss.dual_clip: Input should be greater"),
+        ("", ["optim.mini_batches=0"], "c.toml + --set: optim.mini_batches: Input should be"),
     ],
 )
 def test_errors_are_one_line_and_name_the_key(tmp_path, text, overrides, expected):

@@ -90,7 +90,8 @@ class RolloutConfig(_Section):
     group_size: int = Field(8, gt=1)
     """Samples per task (G); advantages are relative within a group."""
     dynamic_sampling: bool = True
-    """Drop groups whose rewards do not vary (no signal) and draw more tasks (DAPO)."""
+    """Draw more tasks to replace groups whose rewards do not vary (DAPO). Such groups
+    carry no signal and are never trained either way; false trains a partial batch."""
     max_extra_rounds: int = Field(1, ge=0)
     """Extra draws to refill dropped groups before training on a partial batch."""
     oversample: float = Field(1.0, ge=1.0)
@@ -136,28 +137,34 @@ class RolloutConfig(_Section):
 class LossConfig(_Section):
     rho: float = Field(0.2, gt=0.0, le=1.0)
     """Share of highest-entropy policy tokens that carry gradient (arXiv 2506.01939); 1.0 = all."""
+    select: Literal["highest", "lowest", "random"] = "highest"
+    """Which rho share of tokens carries gradient: the highest-entropy ones (the paper),
+    or, for ablations, the lowest-entropy ones or a random share (seeded per step)."""
     scope: Literal["batch", "microbatch", "sequence"] = "batch"
     """Where the top-`rho` tokens are chosen: over the whole batch (the paper), each
     micro-batch of `optim.micro_batch_size` rows, or each sequence."""
     normaliser: Literal["selected", "all"] = "selected"
     """`selected`: the loss is the mean over the selected tokens (the paper); `all`: the
     sum over selected tokens divided by every policy token (the update shrinks with rho)."""
-    eps_low: float = Field(0.2, ge=0.0)
-    """Lower clip of the PPO ratio: a token's ratio is clipped at 1 - eps_low."""
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0)
+    """Lower clip of the PPO ratio: a token's ratio is clipped at 1 - eps_low (so below 1)."""
     eps_high: float = Field(0.28, ge=0.0)
     """Clip-higher (DAPO): a larger upper clip keeps low-probability tokens explorable."""
     dual_clip: float | None = Field(None, gt=1.0)
     """Dual clip c > 1: for tokens with a negative advantage the loss is capped at c·|A|
     (a very large ratio cannot dominate the update); None turns it off."""
     kl_coef: float = Field(0.0, ge=0.0)
-    """k3 KL to the initial model; 0 disables it and skips the reference model."""
+    """k3 KL to the initial model, on the same selected (forking) tokens as the policy
+    loss and with its normaliser; 0 disables it and skips the reference model."""
     scale_adv_by_std: bool = True
     """Divide group advantages by the group's reward std (GRPO); false: mean-centred
     only (Dr. GRPO)."""
     tis_cap: float | None = Field(2.0, gt=0.0)
-    """Truncated importance sampling: weight each token by min(pi_train / pi_sampler, cap)
-    to correct sampler/trainer numeric mismatch or stale samples (Yao et al. 2025); None
-    turns it off."""
+    """Truncated importance sampling (Yao et al. 2025): weight each on-policy token by
+    min(pi_old / pi_sampler, cap), pi_old being the trainer's log-prob before this batch's
+    first update, to correct the sampler/trainer numeric mismatch (bf16 sampler, fp32
+    trainer). Stale rows (sampled by older weights) get weight 1: their PPO ratio is taken
+    against the sampler's log-probs instead. None turns it off."""
     entropy_source: Literal["sampler", "trainer"] = "sampler"
     """`sampler`: entropies recorded while sampling (free, on-policy); `trainer`: recomputed
     by a no-grad forward of the training model (exact in its dtype, costs a forward)."""
@@ -178,7 +185,19 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this before each optimizer step."""
     micro_batch_size: int = Field(16, gt=0)
-    """Sequences per forward/backward; gradients accumulate over the batch."""
+    """Sequences per forward/backward; gradients accumulate over a mini-batch."""
+    mini_batches: int = Field(1, gt=0)
+    """Optimizer steps per rollout batch: its rows are split into this many mini-batches
+    (in order, so groups stay together), each one AdamW step. From the second on the
+    policy has moved since sampling, so the PPO ratio and the clips (`loss.eps_low`,
+    `loss.eps_high`) act, as in DAPO on verl (`examples/paper_dapo.toml`). The top-rho
+    mask is chosen once per rollout batch, before any step. With `mini_batches` or
+    `epochs` above 1 the pre-update log-probs are taken by one no-grad forward over the
+    batch (it costs about a third of a training pass). The default stays 1: on the
+    quickstart (AVX2 EPYC, one run each) 2 mini-batches reached 19.5% held-out accuracy
+    where 1 reached 65.6%, in about the same time (8 min 38 s vs 8 min 19 s)."""
+    epochs: int = Field(1, gt=0)
+    """Passes over the rollout batch (PPO epochs); each pass takes `mini_batches` steps."""
     share_prompt: bool = True
     """Run each group's shared prompt through the model once per micro-batch (exact)."""
     selected_logits: bool = True

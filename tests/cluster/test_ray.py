@@ -76,7 +76,13 @@ def test_dead_worker_is_replaced_and_work_redispatched(tmp_path):
 def test_async_pipeline_generates_on_ray_actors(tmp_path):
     """Lag 1 with Ray: the producer thread sends rounds to the actors; the trainer
     publishes each new version after its optimizer step, and the actors generate with it."""
-    overrides = [*OVERRIDES, "rollout.max_policy_lag=1", f"run.output_dir={tmp_path}"]
+    # A graded similarity to the question gives two random samples different rewards, so
+    # every group carries signal and every step updates (arith's would all be flat).
+    similar = (
+        'grader.spec={type="text_similarity", name="sim", evaluation_metric='
+        '"fuzzy_match", input="{{sample.output_text}}", reference="{{item.prompt}}"}'
+    )
+    overrides = [*OVERRIDES, "rollout.max_policy_lag=1", f"run.output_dir={tmp_path}", similar]
     trainer = Trainer(load_config(None, overrides), tmp_path / "a")
     try:
         worker_pids = set(trainer.ray_pool.pids())
@@ -87,6 +93,7 @@ def test_async_pipeline_generates_on_ray_actors(tmp_path):
         trainer.close()
     assert all(m["rollout/samples"] == 4 for m in metrics)
     assert all(m["rollout/policy_lag"] <= 1 for m in metrics)
+    assert all("train/skipped" not in m for m in metrics)
     assert published == 3  # one snapshot per optimizer step
     pids = {r.info["worker_pid"] for r in rows}
     assert pids and pids <= worker_pids and os.getpid() not in pids

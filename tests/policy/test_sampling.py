@@ -215,3 +215,13 @@ def test_group_prefill_shares_the_prefix_and_duplicates(sharp):
         assert torch.allclose(
             torch.tensor(batch.logprobs[row]), torch.tensor(ref.logprobs[0]), atol=1e-5
         )
+
+
+def test_a_masked_logit_gives_a_finite_entropy_not_nan():
+    logits = torch.tensor([[2.0, float("-inf"), 0.5, float("-inf")]])
+    params = SamplingParams(max_new_tokens=1, temperature=0.7, seed=0)
+    token, logprob, entropy = sampling.sample_next(logits, params, torch.Generator().manual_seed(0))
+    p = torch.softmax(torch.tensor([2.0, 0.5]) / 0.7, dim=-1)
+    assert torch.isfinite(entropy).all() and torch.isfinite(logprob).all()
+    assert entropy.item() == pytest.approx(float(-(p * p.log()).sum()), rel=1e-5)
+    assert token.item() in (0, 2)

@@ -529,3 +529,37 @@ def test_token_advantages_add_per_token_rewards():
     scores = [Score(value=1.0, token_rewards=(0.0, -0.3)), Score(value=0.0)]
     out = token_advantages(adv, scores, 3)
     assert torch.allclose(out, torch.tensor([[0.5, 0.2, 0.5], [-1.0, -1.0, -1.0]]))
+
+
+def test_selection_keys_pick_the_highest_the_lowest_or_a_random_share():
+    from rldojo.train.losses import selection_key
+
+    entropy = torch.tensor([[0.1, 2.0, 0.5, 3.0, 0.2]])
+    mask = torch.ones_like(entropy, dtype=torch.bool)
+    top = high_entropy_mask(selection_key(entropy, "highest"), mask, 0.4)
+    low = high_entropy_mask(selection_key(entropy, "lowest"), mask, 0.4)
+    assert top.tolist() == [[False, True, False, True, False]]
+    assert low.tolist() == [[True, False, False, False, True]]
+    picks = [
+        high_entropy_mask(
+            selection_key(entropy, "random", torch.Generator().manual_seed(s)), mask, 0.4
+        )
+        for s in range(20)
+    ]
+    assert all(int(p.sum()) == 2 for p in picks)  # always the rho share
+    assert len({tuple(p[0].tolist()) for p in picks}) > 3  # and not always the same
+    with pytest.raises(ValueError, match="unknown selection"):
+        selection_key(entropy, "middle")
+
+
+def test_logged_threshold_follows_the_scope():
+    from rldojo.train.step_metrics import mask_threshold
+
+    entropy = torch.tensor([[0.1, 2.0, 0.5], [3.0, 0.2, 1.0]])
+    mask = torch.ones_like(entropy, dtype=torch.bool)
+    batch = high_entropy_mask(entropy, mask, 0.5, "batch")
+    assert mask_threshold(entropy, batch, "batch", 1) == high_entropy_threshold(entropy, mask, 0.5)
+    rows = high_entropy_mask(entropy, mask, 0.5, "sequence")  # per row: top 2 of 3
+    assert mask_threshold(entropy, rows, "sequence", 1) == pytest.approx((0.5 + 1.0) / 2)
+    none = torch.zeros_like(mask)
+    assert mask_threshold(entropy, none, "batch", 1) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import coin_env  # noqa: F401  (registers coin-v1: groups with signal from a random model)
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -14,6 +15,7 @@ from rldojo.train.trainer import Trainer, lr_lambda
 
 TINY = [
     "model.name=tiny-random",
+    "env.id=coin-v1",
     "model.autocast_bf16=false",
     "rollout.prompts_per_step=2",
     "rollout.group_size=4",
@@ -41,9 +43,9 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 
 def test_two_steps_train_and_log(tmp_path):
-    # A random model never writes "Answer: N": every group is flat (no signal), so the run
-    # logs, skips the update and carries on (test_step_updates_... covers an update).
-    cfg = _config(tmp_path, "run.steps=2", "run.name=two")
+    # coin-v1 rewards the parity of the sampled ids: groups carry signal, so both steps
+    # make a real update (non-zero gradient, weights moved), trained on informative groups.
+    cfg = _config(tmp_path, "run.steps=2", "run.name=two", "run.checkpoint_every=1")
     summary = run_training(cfg)
     run = tmp_path / "two"
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -53,7 +55,12 @@ def test_two_steps_train_and_log(tmp_path):
         assert m["rollout/samples"] >= 8
         assert m["time/generate"] > 0
         assert "reward/mean" in m
-        assert m.get("train/skipped") == 1 or m["rollout/groups_informative"] > 0
+        assert "train/skipped" not in m and m["rollout/groups_informative"] > 0
+        assert m["reward/std"] > 0 and m["optim/grad_norm"] > 0
+        assert m["train/sequences"] == 4 * min(2, m["rollout/groups_informative"])
+    first = load_file(run / "checkpoints" / "step_000001" / "model.safetensors")
+    second = load_file(run / "checkpoints" / "step_000002" / "model.safetensors")
+    assert any(not torch.equal(first[k], second[k]) for k in first)
     assert (run / "config.toml").exists()
     assert (run / "tensorboard").is_dir()
     assert (run / "checkpoints" / "step_000002" / "model.safetensors").exists()
@@ -184,7 +191,7 @@ def test_trainer_entropy_source_matches_the_sampler(tmp_path):
 def test_logs_mark_eval_rows_samples_carry_prompt_and_components_and_resume_adds_no_tb_file(
     tmp_path,
 ):
-    cfg = _config(tmp_path, "run.steps=1", "run.name=logs")
+    cfg = _config(tmp_path, "run.steps=1", "run.name=logs", "env.id=arith-v1")  # components
     run_training(cfg)
     run = tmp_path / "logs"
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -200,3 +207,20 @@ def test_logs_mark_eval_rows_samples_carry_prompt_and_components_and_resume_adds
     assert len(events) == 1
     run_training(cfg, run_dir=run, resume=True)  # finished: nothing to do, nothing logged
     assert sorted(p.name for p in (run / "tensorboard").iterdir()) == events
+
+
+def test_flat_groups_are_never_trained_even_without_dynamic_sampling(tmp_path):
+    """A random model never writes "Answer: N" on arith-v1: every sample scores -0.5, so
+    every group is flat. Without refills (dynamic_sampling=false) the step is skipped:
+    no optimizer step, no policy version, nothing marked trained (they used to be
+    trained with zero advantage, bumping Adam's moments and the version)."""
+    trainer = _trainer(tmp_path, "env.id=arith-v1")
+    try:
+        metrics = trainer.step()
+        assert metrics["rollout/groups"] == 2 and metrics["rollout/groups_informative"] == 0
+        assert metrics["reward/std"] == 0
+        assert metrics["train/skipped"] == 1 and "train/sequences" not in metrics
+        assert trainer.policy_updates == 0 and not trainer.optimizer.state
+        assert trainer.ledger.count(trained=True) == 0
+    finally:
+        trainer.close()

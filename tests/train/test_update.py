@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ def _step(model, selected_logits_on: bool, selected: torch.Tensor, batch) -> dic
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     update = PolicyUpdate(model, ref, opt, cfg)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(-1, selected.shape[1])
-    return update.optimize(batch, adv, selected, float(selected.sum()), version=0)
+    return update.optimize(batch, adv, selected, version=0)
 
 
 def test_update_through_selected_logits_equals_the_full_update(tiny):
@@ -74,3 +75,58 @@ def test_update_through_selected_logits_equals_the_full_update(tiny):
     for key in ("loss/policy", "loss/kl", "loss/ratio_mean", "loss/tokens"):
         assert metrics[1][key] == pytest.approx(metrics[0][key], rel=1e-4, abs=1e-7), key
     assert metrics[1]["loss/kl"] > 0
+
+
+def _sgd_update(model, batch, selected, *extra: str, lr: float = 1.0) -> dict:
+    cfg = load_config(None, ["model.autocast_bf16=false", "optim.grad_clip=1e9",
+                             "loss.tis_cap=2.0", *extra])  # fmt: skip
+    update = PolicyUpdate(model, None, torch.optim.SGD(model.parameters(), lr=lr), cfg)
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None].expand(-1, selected.shape[1])
+    return update.optimize(batch, adv, selected, version=0)
+
+
+@pytest.mark.parametrize("split", ["true", "false"])
+def test_an_unselected_token_moves_no_weight(tiny, split):
+    """The last token of row 0 feeds no later position, so its id reaches the update only
+    through its own log-prob: unselected, swapping it changes nothing, bit for bit;
+    selected, it changes the step (the control)."""
+    base, tok = tiny
+    fresh = [dataclasses.replace(r, policy_version=0) for r in ROLLOUTS]
+    swapped = [dataclasses.replace(fresh[0], completion_ids=(8, 9, 10, 99)), *fresh[1:]]
+    deltas = {}
+    for name, rollouts in (("a", fresh), ("b", swapped)):
+        batch = build_token_batch(rollouts, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+        for last in (False, True):
+            selected = batch.policy_mask.clone()
+            selected[0, 3] = last  # row 0's last completion token
+            model = copy.deepcopy(base)
+            before = {k: v.clone() for k, v in model.state_dict().items()}
+            _sgd_update(model, batch, selected, f"optim.selected_logits={split}")
+            deltas[name, last] = {k: v - before[k] for k, v in model.state_dict().items()}
+    assert any(d.abs().max() > 0 for d in deltas["a", False].values())  # a real update
+    assert all(
+        torch.equal(deltas["a", False][k], deltas["b", False][k]) for k in deltas["a", False]
+    )
+    assert any(
+        not torch.equal(deltas["a", True][k], deltas["b", True][k]) for k in deltas["a", True]
+    )
+
+
+def test_mini_batches_make_later_steps_off_policy_so_the_clip_binds(tiny):
+    """One step per batch: the ratio is 1 and nothing is clipped. Two mini-batches: the
+    second is trained after the first moved the policy, against the pre-update
+    log-probs, so its ratio departs from 1 and the clip zeroes some gradients. (The
+    random 2-layer model's gradients are ~1e-3, hence the large SGD step.)"""
+    base, tok = tiny
+    fresh = [dataclasses.replace(r, policy_version=0) for r in ROLLOUTS]
+    batch = build_token_batch(fresh, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+    selected = batch.policy_mask.clone()
+    one = _sgd_update(copy.deepcopy(base), batch, selected, "optim.mini_batches=1", lr=1000.0)
+    assert one["optim/steps"] == 1
+    assert one["loss/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and one["loss/clip_frac"] == 0
+    two = _sgd_update(copy.deepcopy(base), batch, selected, "optim.mini_batches=2", lr=1000.0)
+    assert two["optim/steps"] == 2
+    assert two["loss/clip_frac"] > 0
+    assert two["loss/ratio_mean"] != pytest.approx(1.0, abs=1e-3)
+    epochs = _sgd_update(copy.deepcopy(base), batch, selected, "optim.epochs=2", lr=1000.0)
+    assert epochs["optim/steps"] == 2 and epochs["loss/clip_frac"] > 0  # pass 2 is stale

@@ -94,7 +94,8 @@ def sample_next(
     temperature = 1.0 if params.greedy else params.temperature
     logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, V]
     probs = logp.exp()  # [B, V]
-    entropy = -(probs * logp).sum(-1)  # [B]
+    # A -inf logit (masked token) makes 0 * -inf = NaN: clamp the log-probs first.
+    entropy = -(probs * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)  # [B]
     if params.greedy:
         token = logits.argmax(dim=-1)  # [B]
         return token, logp.gather(-1, token[:, None]).squeeze(-1), entropy

@@ -161,8 +161,6 @@ class Rounds:
             sampling = self.sampling(seed)
             rollouts, scores = await self.generation.run(reqs, sampling, timing, announce)
             ids = ledger.add(step, rollouts, scores, round=round)  # durable first
-        groups = make_groups(
-            tasks, rollouts, scores, ids, self.cfg.group_size, self.cfg.dynamic_sampling
-        )
+        groups = make_groups(tasks, rollouts, scores, ids, self.cfg.group_size)
         self.tasks.observe(groups)
         return groups

@@ -4,7 +4,7 @@ A `Group` is the G rollouts of one task with their scores and ledger ids. A samp
 *valid* when its rollout is trainable and its score is `ok`; failed samples are excluded
 from the group (not counted as reward 0). A group is *informative* when at least two
 valid samples have different rewards — otherwise every advantage is 0 and it carries no
-signal (with `require_variance=False`, any two valid samples make it trainable).
+signal and is never trained (whether or not `rollout.dynamic_sampling` refills it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ class Group:
     rollouts: list[Rollout]
     scores: list[Score]
     ledger_ids: list[int]
-    require_variance: bool = True
     valid: list[bool] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -43,7 +42,7 @@ class Group:
         rewards = self.rewards
         if len(rewards) < 2:
             return False
-        return not self.require_variance or max(rewards) > min(rewards)
+        return max(rewards) > min(rewards)
 
 
 @dataclass
@@ -79,7 +78,6 @@ def make_groups(
     scores: Sequence[Score],
     ids: Sequence[int],
     group_size: int,
-    require_variance: bool,
 ) -> list[Group]:
     """Task i's group is rollouts `[i*G, (i+1)*G)` (the order `requests` made)."""
     g = group_size
@@ -89,7 +87,6 @@ def make_groups(
             list(rollouts[i * g : (i + 1) * g]),
             list(scores[i * g : (i + 1) * g]),
             list(ids[i * g : (i + 1) * g]),
-            require_variance=require_variance,
         )
         for i in range(len(tasks))
     ]

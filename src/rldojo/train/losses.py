@@ -180,6 +180,19 @@ def _select_in_block(entropy: Tensor, mask: Tensor, rho: float) -> Tensor:
     return mask & (entropy >= threshold)  # [B, T]
 
 
+def selection_key(entropy: Tensor, mode: str, generator: torch.Generator | None = None) -> Tensor:
+    """What `high_entropy_mask` ranks by, for `loss.select`: `highest` the entropy itself
+    (the paper), `lowest` its negation (the lowest-entropy share), `random` uniform keys
+    from `generator` (a random share of the policy tokens; ablations)."""
+    if mode == "highest":
+        return entropy
+    if mode == "lowest":
+        return -entropy
+    if mode == "random":
+        return torch.rand(entropy.shape, generator=generator)
+    raise ValueError(f"unknown selection {mode!r} (highest, lowest or random)")
+
+
 def high_entropy_mask(
     entropy: Tensor,
     mask: Tensor,

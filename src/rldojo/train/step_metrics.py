@@ -112,3 +112,18 @@ def entropy_stats(entropy: Tensor, mask: Tensor) -> dict[str, float]:
     stats["frac_below_0.01"] = float((values < 0.01).float().mean().item())
     stats["mean"] = float(values.double().mean().item())
     return stats
+
+
+def mask_threshold(entropy: Tensor, selected: Tensor, scope: str, micro: int) -> float | None:
+    """The entropy cut the mask used: the lowest selected entropy of each scope (the whole
+    batch, each micro-batch block of `micro` rows, or each sequence), averaged over the
+    scopes that selected anything; exactly the threshold for scope `batch`. None when
+    nothing was selected."""
+    rows = entropy.shape[0]
+    step = {"batch": max(rows, 1), "microbatch": micro, "sequence": 1}[scope]
+    cuts = []
+    for start in range(0, rows, step):
+        picked = entropy[start : start + step][selected[start : start + step].bool()]
+        if picked.numel():
+            cuts.append(float(picked.min()))
+    return sum(cuts) / len(cuts) if cuts else None

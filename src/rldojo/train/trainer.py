@@ -46,7 +46,12 @@ from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
 from rldojo.train.preflight import build_mixture, env_entries, pass_threshold
 from rldojo.train.resources import resolve_resources
-from rldojo.train.step_metrics import entropy_stats, forking_tokens, rollout_metrics
+from rldojo.train.step_metrics import (
+    entropy_stats,
+    forking_tokens,
+    mask_threshold,
+    rollout_metrics,
+)
 from rldojo.train.update import PolicyUpdate, token_advantages
 from rldojo.types import SamplingParams, Task
 
@@ -234,19 +239,23 @@ class Trainer:
         entropy = (
             batch.sampler_entropy if lc.entropy_source == "sampler" else self.update.entropy(batch)
         )  # [B, T]
+        rng = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + self.step_num)
         selected = losses.high_entropy_mask(
-            entropy, batch.policy_mask, lc.rho, lc.scope, cfg.optim.micro_batch_size
-        )  # [B, T]
-        num_tokens = losses.loss_normaliser(selected, batch.policy_mask, lc.normaliser)
+            losses.selection_key(entropy, lc.select, rng),
+            batch.policy_mask,
+            lc.rho,
+            lc.scope,
+            cfg.optim.micro_batch_size,
+        )  # [B, T] (once per rollout batch, whatever the number of optimizer steps)
         token_adv = token_advantages(advantages, scores, batch.policy_mask.shape[1])  # [B, T]
-        metrics = self.update.optimize(batch, token_adv, selected, num_tokens, self.policy_updates)
+        metrics = self.update.optimize(batch, token_adv, selected, self.policy_updates)
         self.policy.update_weights()
         self.policy_updates += 1
         if self.ray_pool is not None:  # here, not in a rollout thread: the optimizer is idle
             self.ray_pool.publish(self.model, self.policy_updates)
         metrics |= {f"entropy/{k}": v for k, v in entropy_stats(entropy, batch.policy_mask).items()}
-        metrics["entropy/threshold"] = losses.high_entropy_threshold(
-            entropy, batch.policy_mask, lc.rho
+        metrics["entropy/threshold"] = mask_threshold(
+            entropy, selected, lc.scope, cfg.optim.micro_batch_size
         )
         metrics["entropy/tokens_selected"] = int(selected.sum())
         metrics["entropy/tokens_policy"] = int(batch.policy_mask.sum())

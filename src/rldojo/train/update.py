@@ -1,15 +1,21 @@
-"""The policy update: micro-batched clipped loss, gradient accumulation, one AdamW step.
+"""The policy update: mini-batches of micro-batched clipped loss, one AdamW step each.
 
 `Trainer.train_on` decides what to train on (advantages, the forking-token mask);
-`PolicyUpdate.optimize` does the arithmetic on the model: per micro-batch a forward pass
-(the group's shared prompt once, see `train.batch`), the loss of `train.losses` with the
-behaviour-policy ratio for rows sampled by other weights and a truncated IS weight for
-the sampler's numeric mismatch, backward; then clipping and the optimizer step.
+`PolicyUpdate.optimize` does the arithmetic on the model. The rollout batch is split
+into `optim.mini_batches` mini-batches, passed over `optim.epochs` times; each
+mini-batch is one optimizer step: per micro-batch a forward pass (the group's shared
+prompt once, see `train.batch`), the loss of `train.losses`, backward; then clipping and
+AdamW. The PPO ratio is taken against the log-probs before the batch's first step
+(`pi_old`: a no-grad forward when there is more than one step, else the current ones,
+ratio 1), or against the sampler's for rows sampled by other weights (stale); fresh rows
+get a truncated IS weight min(pi_old / pi_sampler, cap) for the sampler's numeric
+mismatch. Each mini-batch is normalised by its own token count (`loss.normaliser`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -55,13 +61,54 @@ class PolicyUpdate:
         return nullcontext()
 
     def optimize(
+        self, batch: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, version: int
+    ) -> dict[str, Any]:
+        """`epochs` x `mini_batches` optimizer steps on the batch; metrics are the steps'
+        means (`optim/steps` counts them, `optim/grad_norm_max` is the largest norm)."""
+        oc = self.config.optim
+        several = oc.mini_batches > 1 or oc.epochs > 1
+        old = self._old_logprobs(batch, selected) if several else None  # [B, T] or None
+        size = math.ceil(batch.size / oc.mini_batches)
+        steps = []
+        for _ in range(oc.epochs):
+            for start in range(0, batch.size, size):
+                rows = slice(start, start + size)
+                num_tokens = losses.loss_normaliser(
+                    selected[rows], batch.policy_mask[rows], self.config.loss.normaliser
+                )
+                steps.append(self._step(
+                    batch.rows(rows), advantages[rows], selected[rows], num_tokens, version,
+                    None if old is None else old[rows],
+                ))  # fmt: skip
+        out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
+        out["optim/grad_norm_max"] = max(s["optim/grad_norm"] for s in steps)
+        out["optim/steps"] = len(steps)
+        return out
+
+    @torch.no_grad()
+    def _old_logprobs(self, batch: TokenBatch, selected: torch.Tensor) -> torch.Tensor:
+        """`pi_old`: the log-probs `[B, T]` before any step, where the loss will read them."""
+        temperature = self.config.sampling.temperature or 1.0
+        t = batch.completion_ids.shape[1]
+        rows = []
+        for start in range(0, batch.size, self.config.optim.micro_batch_size):
+            index = slice(start, start + self.config.optim.micro_batch_size)
+            mb = batch.rows(index)
+            where = selected[index][:, : mb.completion_ids.shape[1]]
+            lp = self._logprobs(self.model, mb, temperature, where if self._split(self.model)
+                                else None)  # fmt: skip
+            rows.append(torch.nn.functional.pad(lp, (0, t - lp.shape[1])))
+        return torch.cat(rows)  # [B, T]
+
+    def _step(
         self,
         batch: TokenBatch,
         advantages: torch.Tensor,
         selected: torch.Tensor,
         num_tokens: float,
         version: int,
-    ) -> dict[str, Any]:
+        old: torch.Tensor | None,
+    ) -> dict[str, float]:
         """Accumulate the loss over micro-batches, clip, and take one AdamW step."""
         cfg = self.config
         sums: dict[str, float] = {}
@@ -69,7 +116,8 @@ class PolicyUpdate:
         for start in range(0, batch.size, cfg.optim.micro_batch_size):
             index = slice(start, start + cfg.optim.micro_batch_size)
             m = self._microbatch_backward(batch.rows(index), advantages[index], selected[index],
-                                          num_tokens, version)  # fmt: skip
+                                          num_tokens, version,
+                                          None if old is None else old[index])  # fmt: skip
             weight = m.get("tokens", 0.0)
             for key, value in m.items():
                 unweighted = ("tokens", "loss", "mismatch", "tis", "measured")
@@ -97,8 +145,10 @@ class PolicyUpdate:
         selected: torch.Tensor,
         num_tokens: float,
         version: int,
+        old_logprobs: torch.Tensor | None = None,
     ) -> dict[str, float]:
-        """Forward, clipped loss and backward for one micro-batch; returns its metrics."""
+        """Forward, clipped loss and backward for one micro-batch; returns its metrics.
+        `old_logprobs` `[M, T]` is `pi_old` (None: the current log-probs, ratio 1)."""
         cfg, lc = self.config, self.config.loss
         temperature = cfg.sampling.temperature or 1.0
         t = mb.completion_ids.shape[1]
@@ -111,15 +161,16 @@ class PolicyUpdate:
                 ref = self._logprobs(self.ref_model, mb, temperature, ref_where)  # [M, T]
         behaviour = mb.behaviour_logprobs  # [M, T]
         # Stale rows (sampled by other weights: older ones, or ones a crash lost) take the
-        # PPO ratio against their behaviour log-probs; on-policy rows use the current ones
-        # (ratio 1) with a truncated IS weight for the sampler's numeric mismatch (bf16
-        # sampler, fp32 trainer).
+        # PPO ratio against their behaviour log-probs; on-policy rows against pi_old (the
+        # weights before this batch's first step) with a truncated IS weight for the
+        # sampler's numeric mismatch (bf16 sampler, fp32 trainer).
         versions = mb.versions if mb.versions is not None else torch.zeros(mb.size)  # [M]
         stale = (versions != version)[:, None]  # [M, 1] (newer: from lost weights)
-        old = torch.where(stale, behaviour, logprobs.detach())  # [M, T]
+        pre = logprobs.detach() if old_logprobs is None else old_logprobs[:, :t]  # [M, T]
+        old = torch.where(stale, behaviour, pre)  # [M, T]
         is_weights = None
         if lc.tis_cap is not None:
-            ratio = (logprobs.detach() - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
+            ratio = (pre - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
             is_weights = torch.where(stale, torch.ones_like(ratio), ratio)  # [M, T]
         loss, m = losses.policy_loss(
             logprobs, old, advantages[:, :t], selected[:, :t],
@@ -130,7 +181,7 @@ class PolicyUpdate:
         policy = mb.policy_mask if where is None else where  # [M, T] tokens with a log-prob
         m["loss"] = float(loss.detach())
         m["measured"] = float(policy.sum())
-        m["mismatch"] = float((logprobs.detach() - behaviour).abs()[policy].sum())
+        m["mismatch"] = float((pre - behaviour).abs()[policy].sum())
         m["tis"] = float(is_weights[policy].sum()) if is_weights is not None else 0.0
         return m
 
