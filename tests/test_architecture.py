@@ -19,10 +19,11 @@ LAYERS = {
     "graders": 4,
     "envs": 5,
     "rollout": 6,
-    "eval": 7, "cluster": 7, "report": 7,
+    "eval": 7, "cluster": 7, "report": 7, "dashboard": 7,
     "train": 8,
-    "commands": 9,
-    "cli": 10, "rldojo": 10,
+    "service": 9,
+    "commands": 10,
+    "cli": 11, "rldojo": 11,
 }  # fmt: skip
 """Layer of each top-level package or module of `rldojo` (the table in the doc)."""
 

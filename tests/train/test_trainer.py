@@ -67,6 +67,20 @@ def test_two_steps_train_and_log(tmp_path):
     assert summary["steps"] == 2
     assert summary["rollouts"] == sum(m["rollout/samples"] for m in steps)
     assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
+    evals = [m for m in lines if m["kind"] == "eval"]
+    assert all(m["eval/ci_low"] <= m["eval/accuracy"] <= m["eval/ci_high"] for m in evals)
+    # the ledger records what each step's mask selected and each trained row's advantage
+    import sqlite3
+
+    db = sqlite3.connect(run / "ledger.sqlite")
+    rows = db.execute("SELECT trained, advantage, selected, policy_mask FROM rollouts").fetchall()
+    for m in steps:
+        mine = [r for r in rows if r[0] == m["step"]]
+        assert sum(len(json.loads(r[2])) for r in mine) == m["entropy/tokens_selected"]
+        for _, advantage, selected, mask in mine:
+            assert advantage is not None
+            assert all(json.loads(mask)[i] for i in json.loads(selected))  # policy tokens only
+    assert all(r[1] is None and r[2] is None for r in rows if r[0] == 0)
 
 
 def test_step_updates_only_through_selected_tokens(tmp_path):

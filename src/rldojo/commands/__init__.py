@@ -15,4 +15,5 @@ COMMAND_MODULES = (
     "rldojo.commands.distill",
     "rldojo.commands.ledger",
     "rldojo.commands.new_env",
+    "rldojo.commands.dashboard",
 )

@@ -53,6 +53,8 @@ class EvalResult:
             f"{prefix}/mean_reward": self.mean_reward,
             f"{prefix}/n": float(self.n),
             f"{prefix}/failed": float(sum(v for k, v in self.statuses.items() if k != "ok")),
+            f"{prefix}/ci_low": float(self.ci95[0]),
+            f"{prefix}/ci_high": float(self.ci95[1]),
         }
 
 

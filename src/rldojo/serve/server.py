@@ -22,7 +22,7 @@ import uvicorn
 from rldojo.serve.app import build_app
 from rldojo.serve.engine import ChatEngine, TransformersEngine
 
-__all__ = ["ServerHandle", "make_engine", "serve_forever", "start_server"]
+__all__ = ["ServerHandle", "make_engine", "serve_forever", "start_in_thread", "start_server"]
 
 
 def make_engine(model: str | ChatEngine, *, dtype: str = "auto", max_batch: int = 16) -> ChatEngine:
@@ -65,15 +65,30 @@ class ServerHandle:
         self.close()
 
 
-def _config(engine: ChatEngine, host: str, port: int, log_level: str) -> uvicorn.Config:
-    return uvicorn.Config(
-        build_app(engine),
-        host=host,
-        port=port,
-        log_level=log_level,
-        lifespan="off",
-        access_log=False,
+def start_in_thread(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    start_timeout_s: float = 60.0,
+    name: str = "rldojo-serve",
+) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """Serve an ASGI app with uvicorn in a daemon thread; returns once the port is bound
+    (port 0 picks a free one): the server, its thread and the bound port."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
     )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"{name} did not start on {host}:{port}")
+        time.sleep(0.01)
+    sockets: list[Any] = [s for srv in server.servers for s in srv.sockets]
+    return server, thread, int(sockets[0].getsockname()[1])
 
 
 def start_server(
@@ -87,19 +102,14 @@ def start_server(
 ) -> ServerHandle:
     """Serve `model` (a name or an engine) in a daemon thread; port 0 picks a free port."""
     engine = make_engine(model, dtype=dtype, max_batch=max_batch)
-    server = uvicorn.Server(_config(engine, host, port, "warning"))
-    thread = threading.Thread(target=server.run, name="rldojo-serve", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + start_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            if isinstance(model, str):
-                engine.close()
-            raise RuntimeError(f"rldojo serve did not start on {host}:{port}")
-        time.sleep(0.01)
-    sockets: list[Any] = [s for srv in server.servers for s in srv.sockets]
-    bound_port = int(sockets[0].getsockname()[1])
+    try:
+        server, thread, bound_port = start_in_thread(
+            build_app(engine), host, port, start_timeout_s=start_timeout_s
+        )
+    except RuntimeError:
+        if isinstance(model, str):
+            engine.close()
+        raise RuntimeError(f"rldojo serve did not start on {host}:{port}") from None
     return ServerHandle(host, bound_port, engine, server, thread, isinstance(model, str))
 
 

@@ -3,7 +3,9 @@
 A rollout and its score are committed before the trainer uses them, so a crash loses at
 most the in-flight work and the ledger always explains what a step trained on. One row
 per rollout: task, sample index, status, policy version, the conversation, token ids,
-policy mask, behaviour logprobs, and the score (value, status, components, flags).
+policy mask, behaviour logprobs, and the score (value, status, components, flags). Once
+a step trains on a row, the row also records that step, the row's advantage and the
+completion positions the forking-token mask selected (what the dashboard outlines).
 """
 
 from __future__ import annotations
@@ -43,9 +45,14 @@ CREATE TABLE IF NOT EXISTS rollouts (
     flags TEXT NOT NULL,
     explanation TEXT NOT NULL,
     provenance TEXT NOT NULL,
-    trained INTEGER NOT NULL DEFAULT 0  -- the step that trained on it (0: none yet)
+    trained INTEGER NOT NULL DEFAULT 0,  -- the step that trained on it (0: none yet)
+    advantage REAL,  -- the row's sequence advantage when trained (NULL: not trained)
+    selected TEXT  -- JSON: completion positions the mask selected (NULL: not trained)
 );
 CREATE INDEX IF NOT EXISTS rollouts_step ON rollouts(step);
+CREATE INDEX IF NOT EXISTS rollouts_task ON rollouts(task_id, step);
+CREATE INDEX IF NOT EXISTS rollouts_filter
+    ON rollouts(env, status, score_status, score_value, step, trained);
 CREATE TABLE IF NOT EXISTS steps (
     step INTEGER PRIMARY KEY,
     metrics TEXT NOT NULL
@@ -62,6 +69,10 @@ class Ledger:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}
+        for name, kind in (("advantage", "REAL"), ("selected", "TEXT")):
+            if name not in columns:  # a ledger written before these columns existed
+                self._db.execute(f"ALTER TABLE rollouts ADD COLUMN {name} {kind}")
         self._db.commit()
 
     def add(
@@ -107,11 +118,22 @@ class Ledger:
                 ids.append(int(cur.lastrowid or 0))
         return ids
 
-    def mark_trained(self, ids: Sequence[int], step: int) -> None:
-        """Record that optimizer step `step` (1-based) trained on these rows."""
+    def mark_trained(
+        self,
+        ids: Sequence[int],
+        step: int,
+        selection: dict[int, tuple[float, list[int]]] | None = None,
+    ) -> None:
+        """Record that optimizer step `step` (1-based) trained on these rows; `selection`
+        maps a row id to its advantage and the completion positions the mask selected."""
+        selection = selection or {}
+        rows = []
+        for i in ids:
+            adv, positions = selection.get(i, (None, None))
+            rows.append((step, adv, None if positions is None else json.dumps(positions), i))
         with self._db:
             self._db.executemany(
-                "UPDATE rollouts SET trained = ? WHERE id = ?", [(step, i) for i in ids]
+                "UPDATE rollouts SET trained = ?, advantage = ?, selected = ? WHERE id = ?", rows
             )
 
     def add_step(self, step: int, metrics: dict[str, Any]) -> None:
@@ -147,7 +169,11 @@ class Ledger:
     def rollback(self, step: int) -> None:
         """Resuming from the checkpoint after `step` steps: later training never happened."""
         with self._db:
-            self._db.execute("UPDATE rollouts SET trained = 0 WHERE trained > ?", (step,))
+            self._db.execute(
+                "UPDATE rollouts SET trained = 0, advantage = NULL, selected = NULL"
+                " WHERE trained > ?",
+                (step,),
+            )
             self._db.execute("DELETE FROM steps WHERE step > ?", (step,))
 
     def samples(self, step: int, limit: int = 4) -> list[dict[str, Any]]:

@@ -109,16 +109,16 @@ def run_training(
     )
     try:
         if config.eval.tasks and "before" not in trainer.evals:
-            _report_eval(console, "before", trainer.evaluate("before"))
-            before = trainer.evals["before"]["accuracy"]
-            logger.log(trainer.step_num, {"eval/accuracy": before}, kind="eval")
+            result = trainer.evaluate("before")
+            _report_eval(console, "before", result)
+            logger.log(trainer.step_num, result.metrics(), kind="eval")
         _train_steps(config, trainer, logger, console)
         # Evaluated before the final checkpoint, which keeps the result: a run resumed
         # from that checkpoint has nothing left to do (and logs nothing twice).
         if config.eval.tasks and (trainer.step_num > start or "after" not in trainer.evals):
-            _report_eval(console, "after", trainer.evaluate("after"))
-            after = trainer.evals["after"]["accuracy"]
-            logger.log(trainer.step_num, {"eval/accuracy": after}, kind="eval")
+            result = trainer.evaluate("after")
+            _report_eval(console, "after", result)
+            logger.log(trainer.step_num, result.metrics(), kind="eval")
         trainer.save()
         summary = _summary(config, trainer, time.perf_counter() - started)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

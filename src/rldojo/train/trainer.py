@@ -165,6 +165,7 @@ class Trainer:
             self.policy_updates = state.get("policy_version", self.step_num)
             self.policy.version = self.policy_updates
         self.ledger = Ledger(run_dir / "ledger.sqlite")
+        self._selection: dict[int, tuple[float, list[int]]] = {}  # of the last train_on
         if resume:
             self.ledger.rollback(self.step_num)  # training after the checkpoint was lost
         if self.ray_pool is not None:
@@ -191,7 +192,9 @@ class Trainer:
             t0 = time.perf_counter()
             metrics |= self.train_on(trained)
             timing["time/train"] = time.perf_counter() - t0
-            self.ledger.mark_trained([i for g in trained for i in g.ledger_ids], self.step_num + 1)
+            self.ledger.mark_trained(
+                [i for g in trained for i in g.ledger_ids], self.step_num + 1, self._selection
+            )
         else:
             metrics["train/skipped"] = 1  # no signal in any group: no update this step
         self.step_num += 1
@@ -247,6 +250,12 @@ class Trainer:
             lc.scope,
             cfg.optim.micro_batch_size,
         )  # [B, T] (once per rollout batch, whatever the number of optimizer steps)
+        ids = [i for g in groups for i, ok in zip(g.ledger_ids, g.valid, strict=True) if ok]
+        adv, sel = advantages.tolist(), selected.cpu()  # one copy, not a sync per row
+        self._selection = {  # for the ledger: each row's advantage and selected positions
+            i: (adv[b], sel[b, : len(r.completion_ids)].nonzero()[:, 0].tolist())
+            for b, (i, r) in enumerate(zip(ids, rollouts, strict=True))
+        }
         token_adv = token_advantages(advantages, scores, batch.policy_mask.shape[1])  # [B, T]
         metrics = self.update.optimize(batch, token_adv, selected, self.policy_updates)
         self.policy.update_weights()

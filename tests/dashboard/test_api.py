@@ -1,0 +1,134 @@
+"""The dashboard's JSON API over real run directories: runs, metrics of a run being
+written, ledger pages and filters, one rollout with its mask, groups, reports, and every
+bad input answered with a 4xx, never a 500 or a traceback."""
+
+from __future__ import annotations
+
+from dashboard.runs_fixture import KNOWN_SELECTED, KNOWN_TEXT
+
+
+def test_runs_table_rows(client):
+    runs = {r["id"]: r for r in client.get("api/runs").json()["runs"]}
+    assert set(runs) == {"alpha", "beta", "gamma"}
+    alpha = runs["alpha"]
+    assert alpha["status"] == "finished" and alpha["model"] == "tiny-random"
+    assert alpha["steps"] == 4 and alpha["planned_steps"] == 4
+    assert alpha["accuracy_before"] == 0.25 and alpha["accuracy_after"] == 0.5
+    assert alpha["reward"] == 0.4 and alpha["wall_s"] == 12.8
+    assert runs["beta"]["status"] == "running"  # no summary, files just written
+    assert runs["beta"]["bad_lines"] == 1  # the line being written is skipped, counted
+
+
+def test_run_page_data(client):
+    data = client.get("api/run", params={"id": "alpha"}).json()
+    assert [r["step"] for r in data["train"]] == [1, 2, 3, 4]
+    assert [(e["step"], e["eval/ci_low"]) for e in data["evals"]] == [(0, 0.1), (4, 0.3)]
+    assert data["checkpoints"][0]["step"] == 4
+    assert data["config"]["model"]["name"] == "tiny-random"
+    assert 'name = "tiny-random"' in data["config_text"]
+
+
+def test_pages_filters_and_counts(client, served):
+    _, ids, _ = served
+    page = client.get("api/rollouts", params={"run": "alpha"}).json()
+    assert page["total"] == 6
+    assert [r["id"] for r in page["rows"]][:2] == sorted([ids["failed"], ids["tool"]], reverse=True)
+    by = lambda **p: client.get("api/rollouts", params={"run": "alpha", **p}).json()  # noqa: E731
+    assert [r["id"] for r in by(status="timeout")["rows"]] == [ids["failed"]]
+    assert by(step=0)["total"] == 4
+    assert by(score_min=0.5)["total"] == 3 and by(score_max=0)["total"] == 2
+    assert [r["id"] for r in by(text="so Answer")["rows"]] == [ids["known"]]
+    assert by(text="100%_")["total"] == 0  # LIKE wildcards are literal
+    assert by(env="arith-tools-v1")["total"] == 1 and by(task="train/0/8")["total"] == 1
+    assert [r["id"] for r in by(trained="true")["rows"]] == sorted(
+        [ids["known"], ids["known"] + 1, ids["known"] + 2, ids["known"] + 3], reverse=True
+    )
+    second = by(limit=2, offset=2)
+    assert len(second["rows"]) == 2 and second["total"] == 6
+    facets = client.get("api/facets", params={"run": "alpha"}).json()
+    assert facets["envs"] == ["arith-tools-v1", "arith-v1"] and "timeout" in facets["statuses"]
+
+
+def test_one_rollout_has_its_mask_and_tokens(client, served, tiny):
+    _, ids, _ = served
+    _, tokenizer = tiny
+    r = client.get("api/rollout", params={"run": "alpha", "id": ids["known"]}).json()
+    assert r["selected"] == KNOWN_SELECTED and r["advantage"] == 0.87 and r["trained"] == 1
+    tokens = [t for seg in r["segments"] for t in seg["tokens"]]
+    expected = tokenizer.encode(KNOWN_TEXT, add_special_tokens=False)
+    assert [t["t"] for t in tokens] == [tokenizer.decode([i]) for i in expected]
+    assert [t["i"] for t in tokens if t["sel"]] == KNOWN_SELECTED
+    assert r["prompt"][0]["role"] == "user" and r["tokens_note"] is None
+    tool = client.get("api/rollout", params={"run": "alpha", "id": ids["tool"]}).json()
+    assert [s["policy"] for s in tool["segments"]] == [True, False, True]
+    assert (
+        "".join(t["t"] for t in tool["segments"][1]["tokens"]) == "<tool_response>5</tool_response>"
+    )
+    assert [m["role"] for m in tool["turns"]] == ["assistant", "tool", "assistant"]
+
+
+def test_group_side_by_side(client):
+    g = client.get("api/group", params={"run": "alpha", "step": 0,
+                                        "task": "arith-v1/train/0/7"}).json()  # fmt: skip
+    assert [(r["sample_index"], r["score"]) for r in g["rows"]] == [
+        (0, 1.0),
+        (1, -0.5),
+        (2, -0.5),
+        (3, 1.0),
+    ]
+
+
+def test_reports_render(client):
+    reports = client.get("api/reports").json()["reports"]
+    assert [(r["id"], r["kind"]) for r in reports] == [("0/evals/report.md", "eval")]
+    html = client.get("api/report", params={"id": "0/evals/report.md"}).json()["html"]
+    assert "<table>" in html and "McNemar p = 0.031" in html
+
+
+def test_bad_input_is_4xx_never_500(client, served):
+    _, _, root = served
+    (root / "outside.md").write_text("# rldojo eval: x\n")
+    cases = {
+        ("api/run", (("id", "../../etc"),)): 404,
+        ("api/run", (("id", "nope"),)): 404,
+        ("api/rollouts", (("run", "gamma"),)): 404,  # metrics, no ledger yet
+        ("api/rollouts", (("run", "alpha"), ("step", "x"))): 422,
+        ("api/rollouts", (("run", "alpha"), ("limit", "100000"))): 422,
+        ("api/rollout", (("run", "alpha"), ("id", "999999"))): 404,
+        ("api/group", (("run", "alpha"), ("step", "7"), ("task", "none"))): 404,
+        ("api/report", (("id", "0/../../etc/passwd.md"),)): 404,
+        ("api/plot", (("id", "0/../alpha/ledger.sqlite"),)): 404,
+        ("static/..%2Fapp.py", ()): 404,
+    }
+    for (url, params), status in cases.items():
+        r = client.get(url, params=dict(params))
+        assert r.status_code == status, (url, params, r.text)
+        assert "Traceback" not in r.text
+    gamma = client.get("api/rollouts", params={"run": "gamma"}).json()["detail"]
+    assert "no ledger.sqlite" in gamma
+
+
+def test_listens_on_loopback_by_default(served):
+    handle, _, _ = served
+    assert handle.host == "127.0.0.1"
+
+
+def test_status_of_a_run_from_its_files(served):
+    from rldojo.dashboard.runs import LIVE_S, RunIndex
+
+    _, _, root = served
+    index = RunIndex([root])
+    beta, alpha = index.get("beta"), index.get("alpha")
+    assert alpha is not None and beta is not None
+    changed = max(f.stat().st_mtime for f in beta.path.iterdir())
+    assert beta.status(now=changed + LIVE_S / 2) == "running"
+    assert beta.status(now=changed + LIVE_S + 1) == "stopped"  # killed: resume continues it
+    assert alpha.status(now=0) == "finished"
+    outside = root.parent / f"{root.name}-outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "metrics.jsonl").write_text("")
+    assert index.get(f"../{outside.name}") is None  # a real run, but outside the root
+    (root / "link").symlink_to(outside)
+    assert index.get("link") is None  # nor through a symlink
+    assert "link" not in {r.id for r in index.runs()}
+    (root / "link").unlink()
