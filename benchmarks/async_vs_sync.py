@@ -15,7 +15,10 @@ Part 2 measures graded rollouts per second through the Ray rollout pool with 1 a
 workers (same requests, same model).
 
 Usage: python benchmarks/async_vs_sync.py [--model smollm2-135m-instruct] [--steps 4]
-Writes benchmarks/results/async_vs_sync.json. Timings are noisy; run on an idle machine.
+[--device cpu|cuda|auto] [--out FILE]
+Writes benchmarks/results/async_vs_sync.json (or `--out`). `--device` sets `run.device`
+(unset: the config's default); on one GPU, lag 1 overlaps generation and training on it.
+Timings are noisy; run on an idle machine.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def _overrides(args: argparse.Namespace, out: str) -> list[str]:
         "sampling.temperature=1.0",
         "eval.tasks=0",
         f"run.output_dir={out}",
+        *([f"run.device={args.device}"] if args.device else []),
     ]
 
 
@@ -120,6 +124,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--skip-workers", action="store_true")
+    parser.add_argument("--device", default=None, help="run.device (default: the config's)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     sync = train_wall_time(args, 0)
     async_ = train_wall_time(args, 1)
@@ -141,8 +147,8 @@ def main() -> None:
         result["wall_ratio_async_ray_over_sync"] = split["wall_s"] / sync["wall_s"]
     if not args.skip_workers:
         result["rollout_workers"] = [rollouts_per_second(args, w) for w in (1, 2)]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
     print(f"sync {sync['wall_s']:.1f}s, async(lag 1) {async_['wall_s']:.1f}s for "
           f"{sync['trained_samples']}/{async_['trained_samples']} trained samples: "
           f"ratio {result['wall_ratio_async_over_sync']:.2f} (target <= 0.70)")  # fmt: skip
@@ -152,7 +158,7 @@ def main() -> None:
               f"{split['wall_s']:.1f}s, ratio {ratio:.2f}")  # fmt: skip
     for w in result.get("rollout_workers", []):
         print(f"ray workers={w['workers']}: {w['rollouts_per_s']:.2f} rollouts/s")
-    print(f"wrote {RESULTS}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

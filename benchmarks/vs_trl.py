@@ -1,6 +1,16 @@
 """rldojo vs TRL's `GRPOTrainer`: step time, peak memory and reward, side by side on CPU.
 
-    python benchmarks/vs_trl.py [--steps N]
+    python benchmarks/vs_trl.py [--steps N] [--device cpu|cuda] [--lora] [--trl-vllm]
+    python benchmarks/vs_trl.py --dry --sides rldojo     # a smoke run of the machinery
+
+GPU and LoRA (issue 13): `--device cuda` puts both sides on the GPU (rldojo
+`run.device=cuda`, bf16 autocast; TRL `use_cpu=False`, `bf16=True`) and records each
+side's peak CUDA memory (`torch.cuda.max_memory_allocated`) beside its peak RSS;
+`--trl-vllm` gives TRL its vLLM colocate mode; `--lora` trains LoRA adapters on both
+sides (rldojo `model.lora`, TRL `peft_config`; r 16, alpha 32, attention and MLP
+projections). `--dry` shrinks everything (tiny-random, 2x4 samples of 8 tokens, one
+step) to check the machinery on any machine; `--sides rldojo` runs rldojo's side alone
+(no TRL needed; no comparison).
 
 runs both trainers on the same problem and writes `benchmarks/results/vs_trl.json`:
 
@@ -157,9 +167,38 @@ def environment_info(threads: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------- rldojo side
 
 
+LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                           "down_proj"]}  # fmt: skip
+MODES = {"device": "cpu", "lora": False, "trl_vllm": False, "dry": False}
+"""Set from the command line in the parent and in each child (`apply_modes`)."""
+
+
+def apply_modes(args: argparse.Namespace) -> None:
+    MODES.update(device=args.device, lora=args.lora, trl_vllm=args.trl_vllm, dry=args.dry)
+    if args.dry:  # the machinery on a model that loads in a second
+        SHARED.update(model="tiny-random", prompts_per_step=2, group_size=4, max_new_tokens=8,
+                      micro_batch=4)  # fmt: skip
+
+
+def cuda_peak_mib() -> float | None:
+    """Peak CUDA memory allocated by this process (None off the GPU)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
 def rldojo_overrides(steps: int, threads: int, run_dir: Path) -> list[str]:
     s = SHARED
+    extra = [f"run.device={MODES['device']}", "run.report_to=[]"]
+    if MODES["lora"]:
+        targets = ", ".join(f"'{m}'" for m in LORA["target_modules"])
+        extra.append(f"model.lora={{r = {LORA['r']}, alpha = {LORA['alpha']}, "
+                     f"target_modules = [{targets}]}}")  # fmt: skip
     return [
+        *extra,
         f"model.name={s['model']}",
         f"env.id={s['env']}",
         f"rollout.prompts_per_step={s['prompts_per_step']}",
@@ -216,6 +255,9 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
             return planned[len(drawn) - 1]
 
         trainer.tasks.draw = next_planned  # type: ignore[method-assign]
+        if MODES["dry"]:  # TRL loads a directory: the same tiny weights
+            trainer.model.save_pretrained(io_dir / "tiny_model")
+            trainer.tokenizer.save_pretrained(io_dir / "tiny_model")
         before = {"rss_mib": rss_mib(), "peak_rss_mib": peak_rss_mib()}
         steps_out = []
         tell_parent("ready")
@@ -264,7 +306,9 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
 
 def _rldojo_notes(threads: int) -> dict[str, Any]:
     return {
-        "generation": "rldojo cached decode loop on a bf16 copy of the model (sampling.py)",
+        "generation": "rldojo cached decode loop (sampling.py), precision per model.*=auto",
+        "device": MODES["device"],
+        "lora": LORA if MODES["lora"] else None,
         "training_precision": "fp32 master weights, bf16 autocast (model.autocast_bf16=true)",
         "gradient_checkpointing": False,
         "loss": "clipped surrogate, clip-higher, sum over selected tokens / #selected tokens",
@@ -335,7 +379,9 @@ def trl_config(steps: int, output_dir: str, gradient_checkpointing: bool) -> Any
     from trl import GRPOConfig
 
     s = SHARED
+    vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}
     return GRPOConfig(
+        **(vllm if MODES["trl_vllm"] else {}),
         output_dir=output_dir,
         max_steps=steps,
         per_device_train_batch_size=s["micro_batch"],
@@ -360,7 +406,7 @@ def trl_config(steps: int, output_dir: str, gradient_checkpointing: bool) -> Any
         scale_rewards="group",
         top_entropy_quantile=s["rho"],
         mask_truncated_completions=False,
-        use_cpu=True,  # with bf16=True: accelerate's bf16 autocast on CPU (bf16 alone raises)
+        use_cpu=MODES["device"] == "cpu",  # with bf16=True: bf16 autocast on CPU too
         bf16=True,
         gradient_checkpointing=gradient_checkpointing,
         shuffle_dataset=False,  # replay rldojo's prompt order exactly
@@ -432,7 +478,9 @@ def _time_generation(trainer: Any, records: list[dict[str, Any]]) -> None:
     trainer._generate_single_turn = timed
 
 
-def run_trl(steps: int, threads: int, task_ids: list[list[str]], gc: bool) -> dict[str, Any]:
+def run_trl(
+    steps: int, threads: int, task_ids: list[list[str]], gc: bool, io_dir: Path
+) -> dict[str, Any]:
     """Train `steps` steps with TRL's `GRPOTrainer` on rldojo's prompts, in rldojo's order."""
     import torch
     from datasets import Dataset
@@ -449,9 +497,19 @@ def run_trl(steps: int, threads: int, task_ids: list[list[str]], gc: bool) -> di
     reward = GraderReward(env, by_id)
     records: list[dict[str, Any]] = []
     threads_seen: list[int] = []
+    peft_config = None
+    if MODES["lora"]:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
+            target_modules=LORA["target_modules"], task_type="CAUSAL_LM",
+        )  # fmt: skip
+    model = str(io_dir / "tiny_model") if MODES["dry"] else str(smollm2_dir())
     with tempfile.TemporaryDirectory(prefix="vs_trl_trl_") as tmp:
         trainer = GRPOTrainer(
-            model=str(smollm2_dir()),
+            model=model,
+            peft_config=peft_config,
             reward_funcs=reward,
             args=trl_config(steps, tmp, gc),
             train_dataset=Dataset.from_list(rows),
@@ -538,6 +596,7 @@ def summarise(side: dict[str, Any]) -> dict[str, Any]:
         "step_time_mean_s": statistics.fmean(s["time_s"] for s in steps),
         "step_cpu_median_s": statistics.median(s["cpu_s"] for s in steps),
         "peak_rss_mib": side["peak_rss_mib"],
+        "cuda_peak_mib": side.get("cuda_peak_mib"),
         "reward_last_step": last["reward_mean"],
         "reward_last_step_sem": last["reward_std"] / math.sqrt(max(last["samples"], 1)),
         "reward_mean_all_steps": statistics.fmean(rewards),
@@ -566,6 +625,9 @@ def compare(ours: dict[str, Any], trl: dict[str, Any]) -> dict[str, Any]:
         "machine_contended": len(clean) < len(paired),
         "step_cpu_ratio": a["step_cpu_median_s"] / b["step_cpu_median_s"],
         "peak_rss_ratio": mem_ratio,
+        "cuda_peak_ratio": a["cuda_peak_mib"] / b["cuda_peak_mib"]
+        if a["cuda_peak_mib"] and b["cuda_peak_mib"]
+        else None,
         "reward_last_step_diff": gap,
         "reward_noise_2sem": noise,
         "targets": {
@@ -662,6 +724,8 @@ class Side:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side]
         cmd += ["--io-dir", str(io_dir), "--steps", str(args.steps), "--threads", str(args.threads)]
         cmd += ["--trl-no-gc"] if args.trl_no_gc else []
+        cmd += ["--device", args.device] + ["--lora"] * args.lora + ["--dry"] * args.dry
+        cmd += ["--trl-vllm"] * args.trl_vllm
         self.name, self.io_dir = side, io_dir
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
@@ -702,6 +766,10 @@ def run_sides(args: argparse.Namespace, io_dir: Path) -> tuple[dict[str, Any], d
     conditions, which running one side after the other does not.
     """
     ours = Side("rldojo", args, io_dir)  # first: it writes the prompt order TRL replays
+    if args.sides == "rldojo":  # rldojo alone (a smoke run, or no TRL installed)
+        for _ in range(args.steps):
+            ours.step()
+        return ours.finish(), {}
     trl = Side("trl", args, io_dir)
     results = {}
     for k in range(args.steps):
@@ -718,8 +786,9 @@ def child_main(args: argparse.Namespace) -> None:
         result = run_rldojo(args.steps, args.threads, io_dir)
     else:
         task_ids = json.loads((io_dir / "task_ids.json").read_text())
-        result = run_trl(args.steps, args.threads, task_ids, gc=not args.trl_no_gc)
+        result = run_trl(args.steps, args.threads, task_ids, not args.trl_no_gc, io_dir)
     result["peak_rss_mib"] = peak_rss_mib()
+    result["cuda_peak_mib"] = cuda_peak_mib()
     result["children_peak_rss_mib"] = children_peak_rss_mib()
     (io_dir / f"{args.side}.json").write_text(json.dumps(result))
     tell_parent("stepped")  # the last step, now that nothing more runs here
@@ -733,20 +802,32 @@ def main() -> None:
     parser.add_argument("--trl-no-gc", action="store_true",
                         help="turn off TRL's default gradient checkpointing")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where both sides train (and generate)")  # fmt: skip
+    parser.add_argument("--lora", action="store_true", help="LoRA adapters on both sides")
+    parser.add_argument("--trl-vllm", action="store_true", help="TRL generates with vLLM "
+                        "(colocate mode; needs vllm and --device cuda)")  # fmt: skip
+    parser.add_argument("--dry", action="store_true", help="tiny model, one small step")
+    parser.add_argument("--sides", choices=["both", "rldojo"], default="both")
     parser.add_argument("--side", choices=["rldojo", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--io-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1 or args.threads < 1:
         parser.error("--steps and --threads must be at least 1")
+    apply_modes(args)
     if args.side:
         child_main(args)
         return
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         ours, trl = run_sides(args, Path(tmp))
+    if not trl:
+        write_rldojo_only(args, ours)
+        return
     if ours["task_ids"] != trl["task_ids"]:
         raise SystemExit("vs_trl: TRL did not see rldojo's prompts in rldojo's order")
     result = {
-        "benchmark": "rldojo vs TRL GRPOTrainer (top_entropy_quantile=0.2), CPU",
+        "benchmark": "rldojo vs TRL GRPOTrainer (top_entropy_quantile=0.2), " + MODES["device"],
+        "modes": MODES,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "steps": args.steps,
         "schedule": "both sides loaded, steps interleaved rldojo/TRL, TRL/rldojo, ...",
@@ -761,6 +842,20 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
+    print(f"\nwrote {args.out}")
+
+
+def write_rldojo_only(args: argparse.Namespace, ours: dict[str, Any]) -> None:
+    """`--sides rldojo`: rldojo's figures alone (no TRL, so no ratios)."""
+    result = {
+        "benchmark": "vs_trl, rldojo side only (--sides rldojo)", "modes": MODES,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": args.steps,
+        "shared_settings": SHARED, "rldojo_git": git_state(), "rldojo": ours,
+        "summary": summarise(ours),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
     print(f"\nwrote {args.out}")
 
 

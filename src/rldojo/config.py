@@ -26,6 +26,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class LoraSection(_Section):
+    r: int = Field(16, gt=0)
+    """Rank of each adapter's A/B matrices."""
+    alpha: float = Field(32.0, gt=0.0)
+    """Scale: the adapter's update is multiplied by alpha / r (peft's `lora_alpha`)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input while training (0: the PPO ratio of the sampler's
+    tokens is not perturbed by dropout noise)."""
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                 "gate_proj", "up_proj", "down_proj"]
+    )  # fmt: skip
+    """Module names that get adapters (Llama-style names by default), or `"all-linear"`
+    (every linear layer but the output layer)."""
+
+
 class ModelConfig(_Section):
     name: str = "smollm2-135m-instruct"
     """Built-in name (`smollm2-135m-instruct`, `tiny-random`), local HF directory or hub id."""
@@ -38,6 +54,12 @@ class ModelConfig(_Section):
     autocast_bf16: Literal["auto"] | bool = "auto"
     """Train under bf16 autocast (fp32 master weights and optimizer state stay fp32).
     `auto`: the same measured choice as `generation_dtype`."""
+    lora: LoraSection | None = None
+    """LoRA adapters through `peft` (extra `lora`: `pip install 'rldojo[lora]'`), e.g.
+    `lora = {r = 16, alpha = 32}`: only the adapter weights train (the optimizer holds
+    their state alone) and checkpoints hold the adapter, loadable with
+    `PeftModel.from_pretrained`; `rldojo export CKPT --merge --out DIR` writes a plain
+    model. Absent (the default): full fine-tuning."""
 
 
 class EnvMixEntry(_Section):
@@ -82,6 +104,16 @@ class SamplingConfig(_Section):
     """Nucleus sampling: sample from the smallest set of tokens holding this much mass."""
     stop: list[str] = Field(default_factory=list)
     """Strings that end a completion once sampled (the completion keeps them)."""
+
+
+class GenerationConfig(_Section):
+    backend: Literal["native", "vllm"] = "native"
+    """`native`: rldojo's cached decode loop on the trainer's model (CPU or GPU). `vllm`:
+    an in-process `vllm.LLM` colocated on the trainer's GPU (`pip install vllm`), new
+    weights loaded after every optimizer step (`rldojo.policy.vllm_backend`); it gives
+    no full-vocabulary entropies, so it needs `loss.entropy_source = "trainer"`."""
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
+    """Share of the GPU's memory vLLM takes (weights, KV cache); the rest is the trainer's."""
 
 
 class RolloutConfig(_Section):
@@ -255,6 +287,12 @@ class RunConfig(_Section):
     """`ray`: rollout workers (generation, environments, grading) run as Ray actors."""
     ray_address: str | None = None
     """An existing Ray cluster (`ray://host:10001`, `auto`); None starts a local instance."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where the policy, the KL reference, the optimizer state and the batches live:
+    `auto` (CUDA device 0 when torch sees one, else the CPU), `cpu`, `cuda` or `cuda:N`.
+    On CUDA training runs under bf16 autocast and generation in bf16 unless
+    `model.generation_dtype`/`model.autocast_bf16` say otherwise. A CUDA device this
+    machine lacks is a one-line error before any model loads (`rldojo.policy.device`)."""
     report_to: list[Tracker] = Field(default_factory=lambda: list[Tracker](["tensorboard"]))
     """Metric sinks besides `metrics.jsonl` (always written), as TRL's `report_to`:
     `tensorboard` (RUN/tensorboard/), `wandb`, `trackio`, `mlflow` (extra `trackers`:
@@ -270,6 +308,8 @@ class TrainConfig(_Section):
     """A grader spec replacing the environments' graders, and the pass threshold."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """How completions are sampled during training."""
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    """Which backend samples the rollouts (native, or vLLM colocated on the GPU)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """Groups, dynamic sampling, workers, timeouts, asynchronous generation."""
     loss: LossConfig = Field(default_factory=LossConfig)

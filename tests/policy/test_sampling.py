@@ -149,8 +149,15 @@ def test_continuous_batching_matches_sampling_each_prompt_alone(
     for row, ref in enumerate(alone):
         assert batch.token_ids[row] == ref.token_ids[0]
         assert batch.finish_reasons[row] == ref.finish_reasons[0]
-        assert torch.allclose(torch.tensor(batch.logprobs[row]), torch.tensor(ref.logprobs[0]))
-        assert torch.allclose(torch.tensor(batch.entropies[row]), torch.tensor(ref.entropies[0]))
+        # fp32 kernels differ with the batch shape (~1e-5 on AVX-512): ids must match
+        # exactly, log-probs and entropies to 1e-4
+        close = {"atol": 1e-4, "rtol": 1e-4}
+        assert torch.allclose(
+            torch.tensor(batch.logprobs[row]), torch.tensor(ref.logprobs[0]), **close
+        )
+        assert torch.allclose(
+            torch.tensor(batch.entropies[row]), torch.tensor(ref.entropies[0]), **close
+        )
 
 
 def test_max_batch_bounds_the_decode_batch(sharp):

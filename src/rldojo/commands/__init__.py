@@ -16,4 +16,5 @@ COMMAND_MODULES = (
     "rldojo.commands.ledger",
     "rldojo.commands.new_env",
     "rldojo.commands.dashboard",
+    "rldojo.commands.export",
 )

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rldojo.policy.device import model_device
 from rldojo.types import SamplingParams
 
 
@@ -105,7 +106,8 @@ def sample_next(
         sorted_p = sorted_p.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)  # [B, V]
     cdf = probs.cumsum(dim=-1)  # [B, V]
-    u = _uniforms(probs.shape[0], generator) * cdf[:, -1:]  # [B, 1]
+    # Uniforms come from CPU generators (seeded runs sample alike on every device).
+    u = _uniforms(probs.shape[0], generator).to(cdf.device) * cdf[:, -1:]  # [B, 1]
     token = torch.searchsorted(cdf, u).clamp_(max=probs.shape[1] - 1).squeeze(-1)  # [B]
     return token, logp.gather(-1, token[:, None]).squeeze(-1), entropy
 
@@ -143,20 +145,22 @@ def _prefill(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int)
     count real tokens only, so every row sees exactly its own prompt. On CPUs this is
     most of generation's compute: a group of 8 prefills 1 prompt instead of 8.
     """
+    device = model_device(model)  # a plain callable (tests) computes on the CPU
     distinct: dict[tuple[int, ...], int] = {}
     inverse = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     unique = [list(p) for p in distinct]
     shared = min(_common_prefix(unique), min(len(p) for p in unique) - 1)
     cache = DynamicCache()
     if len(unique) > 1 and shared >= MIN_SHARED_PREFIX:
-        model(input_ids=torch.tensor([unique[0][:shared]]), cache=cache, use_cache=True,
-              logits_to_keep=1)  # fmt: skip
+        prefix = torch.tensor([unique[0][:shared]], device=device)  # [1, S]
+        model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(len(unique))
         ids, tail_mask = left_pad([p[shared:] for p in unique], pad_id)  # [U, S]
         mask = torch.cat([torch.ones(len(unique), shared, dtype=torch.long), tail_mask], 1)
     else:
         shared = 0
         ids, mask = left_pad(unique, pad_id)  # [U, P]
+    ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp_(min=0)  # [U, P]
     out = model(
         input_ids=ids,
@@ -168,7 +172,7 @@ def _prefill(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int)
     )
     logits = out.logits[:, -1]  # [U, V]
     if len(unique) < len(prompts):
-        index = torch.tensor(inverse, dtype=torch.long)  # [B] -> distinct prompt
+        index = torch.tensor(inverse, dtype=torch.long, device=device)  # [B] -> distinct prompt
         cache.batch_select_indices(index)
         mask, positions, logits = mask[index], positions[index], logits[index]
     return _Running(cache, mask, positions[:, -1] + 1, logits, rows)
@@ -219,7 +223,7 @@ def _join(a: _Running, b: _Running) -> _Running:
 
 def _keep_rows(run: _Running, keep: list[int]) -> None:
     """Drop finished rows, then the leading columns no remaining row attends to."""
-    index = torch.tensor(keep, dtype=torch.long)
+    index = torch.tensor(keep, dtype=torch.long, device=run.mask.device)
     run.cache.batch_select_indices(index)
     run.mask, run.next_pos = run.mask[index], run.next_pos[index]
     run.rows = [run.rows[i] for i in keep]
@@ -232,7 +236,8 @@ def _keep_rows(run: _Running, keep: list[int]) -> None:
 
 def _decode_step(model: Any, run: _Running, token: torch.Tensor) -> None:
     """Feed one sampled token per row; refresh `run.logits`."""
-    run.mask = torch.cat([run.mask, torch.ones(len(run.rows), 1, dtype=run.mask.dtype)], dim=1)
+    ones = torch.ones(len(run.rows), 1, dtype=run.mask.dtype, device=run.mask.device)
+    run.mask = torch.cat([run.mask, ones], dim=1)  # [B, L + 1]
     out = model(
         input_ids=token[:, None],  # [B, 1]
         attention_mask=run.mask,  # [B, L]
@@ -302,7 +307,7 @@ def sample(
             continue
         if len(keep) < len(run.rows):
             _keep_rows(run, keep)
-            token = token[torch.tensor(keep, dtype=torch.long)]
+            token = token[torch.tensor(keep, dtype=torch.long, device=token.device)]
         _decode_step(model, run, token)
 
 

@@ -6,6 +6,11 @@ The trainer optimises the model in float32; generation may run on a bf16 copy (a
 the trainer's weights; a copy exists only for bf16 or asynchronous generation, and after
 each optimizer step the trainer calls `update_weights`, which copies the new weights in.
 
+Devices and LoRA: the copy is made on the model's device. Under LoRA (`rldojo.policy.
+lora`) the model is a `peft` model, generation samples through the adapters, and
+`update_weights` copies only the trainable adapter weights into a copy (the frozen base
+is the same in both).
+
 Thread safety (asynchronous rollouts): `generate` runs under a lock. `update_weights`
 never waits for a generation in flight: if one is running it stages the new weights and
 the next `generate` call loads them first, so each call samples from one policy version.
@@ -128,7 +133,7 @@ class TransformersPolicy:
                 self._train_model.load_state_dict(state_dict, strict=False)
             self.version += 1
             return
-        source = state_dict if state_dict is not None else self._train_model.state_dict()
+        source = state_dict if state_dict is not None else self._published_weights()
         if self._lock.acquire(blocking=False):
             try:
                 self._staged = None
@@ -140,6 +145,15 @@ class TransformersPolicy:
         dtype = next(self._gen_model.parameters()).dtype
         staged = {k: v.detach().to(dtype, copy=True) for k, v in source.items()}
         self._staged = (staged, (self._staged[1] if self._staged else self.version) + 1)
+
+    def _published_weights(self) -> dict[str, Any]:
+        """What changes in a step: the trainable weights (LoRA adapters) when the base is
+        frozen, else the whole state dict."""
+        named = list(self._train_model.named_parameters())
+        trainable = {name: p for name, p in named if p.requires_grad}
+        if trainable and len(trainable) < len(named):
+            return trainable
+        return dict(self._train_model.state_dict())
 
     def _load_staged(self) -> None:
         if self._staged is not None:

@@ -6,6 +6,11 @@ checkpoint is written to a temporary directory and renamed, so a crash mid-write
 leaves a half checkpoint that `--resume` would pick up. Rewriting a step that exists (a
 resumed run saving its last step again) first renames the old one away whole, so a crash
 never leaves it half deleted under its own name; the next save removes what a crash left.
+
+Under LoRA the model's `save_pretrained` writes the adapter alone (`adapter_config.json`,
+`adapter_model.safetensors`; `rldojo.policy.lora`). `trainer.pt` loads onto the host
+(`map_location="cpu"`) whatever device wrote it: the optimizer moves its state to its
+parameters' device, so a checkpoint written on a GPU resumes on a CPU and back.
 """
 
 from __future__ import annotations
@@ -38,7 +43,11 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)  # left by a writer killed mid-save
     tmp = directory / f".tmp_step_{step:06d}_{os.getpid()}"
     tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
+    if hasattr(model, "peft_config"):  # a LoRA adapter: the vocabulary is never resized,
+        # so the base's embeddings stay out (and peft does not ask the hub about them)
+        model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save(
         {
@@ -47,6 +56,7 @@ def save_checkpoint(
             "rng_torch": torch.get_rng_state(),
             "rng_numpy": np.random.get_state(),
             "rng_python": random.getstate(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         },
         tmp / "trainer.pt",
     )
@@ -73,10 +83,13 @@ def load_trainer_state(
     checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> dict[str, Any]:
     """Restore optimizer, scheduler and RNG from `checkpoint`; returns its state.json."""
-    blob = torch.load(checkpoint / "trainer.pt", weights_only=False)
+    blob = torch.load(checkpoint / "trainer.pt", weights_only=False, map_location="cpu")
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["rng_torch"])
     np.random.set_state(blob["rng_numpy"])
     random.setstate(blob["rng_python"])
+    cuda_rng = blob.get("rng_cuda")
+    if cuda_rng is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_rng[: torch.cuda.device_count()])
     return dict(json.loads((checkpoint / "state.json").read_text()))

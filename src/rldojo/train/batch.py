@@ -4,6 +4,10 @@ Layout of one micro-batch (shape letters from `rldojo.types`): each row is the p
 left padded to P, followed by the completion (policy and environment tokens), right
 padded to T, so every row's completion starts at column P and the logits that predict
 it are columns P-1 .. P+T-2 — one slice for the whole micro-batch.
+
+A batch is built on the host; the update moves each micro-batch to the model's device
+(`TokenBatch.to`) after `rows` has sliced it, so the slicing's bookkeeping never waits
+on a GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ class TokenBatch:
     @property
     def size(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        """The same batch on `device` (itself when it is there already: no copy on CPU).
+        `group_index` stays on the host: it only steers the prompt sharing's indexing."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        versions = None if self.versions is None else self.versions.to(device)
+        return TokenBatch(
+            self.input_ids.to(device), self.attention_mask.to(device),
+            self.position_ids.to(device), self.prompt_len, self.completion_ids.to(device),
+            self.policy_mask.to(device), self.behaviour_logprobs.to(device),
+            self.sampler_entropy.to(device), self.group_index, versions,
+        )  # fmt: skip
 
     def rows(self, index: slice) -> TokenBatch:
         """A micro-batch of consecutive rows, trimmed of all-padding columns."""
@@ -173,9 +190,13 @@ def _completion_forward(
 
 def _shared_prefix_forward(model: Any, batch: TokenBatch, head: bool) -> torch.Tensor | None:
     assert batch.group_index is not None
+    # The group structure is worked out on the host (group_index stays there) and the
+    # two index vectors moved once: no GPU round trip for the bookkeeping.
     _, inverse = torch.unique(batch.group_index, return_inverse=True)  # [M] -> unique prompt
     first = torch.zeros(int(inverse.max()) + 1, dtype=torch.long)
     first.scatter_(0, inverse.flip(0), torch.arange(batch.size - 1, -1, -1))  # first row per group
+    device = batch.input_ids.device
+    first, inverse = first.to(device), inverse.to(device)
     p = batch.prompt_len
     prompts = batch.input_ids[first, :p]  # [U, P]
     if not torch.equal(prompts[inverse], batch.input_ids[:, :p]):

@@ -97,6 +97,8 @@ def run_training(
         soft_wrap=True,
     )
     console.print(f"threads: {trainer.threads.describe()}", soft_wrap=True)
+    console.print(f"device: {trainer.device} (run.device = {config.run.device!r}); "
+                  f"{_trainable(trainer.model)}", soft_wrap=True)  # fmt: skip
     if resume:  # the steps after the checkpoint are redone, and logged again
         resumed = latest_checkpoint(run_dir / "checkpoints") is not None
         _trim_logs(run_dir, trainer.step_num if resumed else None)
@@ -166,6 +168,15 @@ def _report_eval(console: Console, label: str, result: Any) -> None:
     )
 
 
+def _trainable(model: Any) -> str:
+    """'full fine-tuning, N parameters' or 'LoRA: N of M parameters train'."""
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trained == total:
+        return f"full fine-tuning, {total / 1e6:.1f}M parameters"
+    return f"LoRA: {trained / 1e6:.2f}M of {total / 1e6:.1f}M parameters train"
+
+
 def _summary(config: TrainConfig, trainer: Trainer, wall_s: float) -> dict[str, Any]:
     steps = trainer.ledger.step_metrics()
     step_times = [m["time/step"] for m in steps if "time/step" in m]
@@ -183,6 +194,7 @@ def _summary(config: TrainConfig, trainer: Trainer, wall_s: float) -> dict[str, 
         "statuses": trainer.ledger.status_counts(),
         "run_dir": str(trainer.run_dir),
         "precision": trainer.precision.as_dict(),
+        "device": str(trainer.device),
         "threads": trainer.threads.as_dict(),
     }
 

@@ -376,18 +376,20 @@ def _loss_metrics(
     eps_high: float,
     dual_clip: float | None,
 ) -> dict[str, float]:
-    """Clip fractions count tokens whose gradient the clip zeroes: A>0 above, A<0 below."""
+    """Clip fractions count tokens whose gradient the clip zeroes: A>0 above, A<0 below.
+    All of them reach the host in one transfer (on a GPU: one wait per call, not seven)."""
     high = (adv > 0) & (ratio > 1.0 + eps_high)  # [M, T]
     low = (adv < 0) & (ratio < 1.0 - eps_low)  # [M, T]
-    metrics = {
-        "clip_frac": _masked_mean((high | low).float(), mask),
-        "clip_frac_low": _masked_mean(low.float(), mask),
-        "clip_frac_high": _masked_mean(high.float(), mask),
-        "ratio_mean": _masked_mean(ratio, mask),
-        "approx_kl": _masked_mean(0.5 * log_ratio**2, mask),
-        "tokens": float(mask.sum().item()),
+    terms = {
+        "clip_frac": (high | low).float(),
+        "clip_frac_low": low.float(),
+        "clip_frac_high": high.float(),
+        "ratio_mean": ratio,
+        "approx_kl": 0.5 * log_ratio**2,
     }
-    if dual_clip is not None:
-        # For A < 0 the unclipped loss -r·A exceeds c·|A| exactly when r > c.
-        metrics["dual_clip_frac"] = _masked_mean(((adv < 0) & (ratio > dual_clip)).float(), mask)
-    return metrics
+    if dual_clip is not None:  # for A < 0 the unclipped loss -r·A exceeds c·|A| exactly when r > c
+        terms["dual_clip_frac"] = ((adv < 0) & (ratio > dual_clip)).float()
+    sums = [torch.where(mask, x, 0.0).sum().double() for x in terms.values()]  # fp32 -> fp64: exact
+    *values, count = torch.stack([*sums, mask.sum().double()]).tolist()
+    metrics = {name: v / max(int(count), 1) for name, v in zip(terms, values, strict=True)}
+    return metrics | {"tokens": float(count)}

@@ -4,7 +4,9 @@
 (`rldojo.hardware`): the thread plan is applied first (the precision probe is timed with
 the run's threads), then `model.generation_dtype` and `model.autocast_bf16` are resolved.
 The returned config holds the resolved values, so the run's `config.toml` records them
-and a resume computes in the same precision as the run it continues.
+and a resume computes in the same precision as the run it continues. `run.device` is
+resolved first (`rldojo.policy.device`; a missing GPU is a one-line error) and kept as
+written: `Precision.device` says where this process computes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rldojo.hardware import (
     resolve_precision,
     usable_cores,
 )
+from rldojo.policy.device import resolve_device
 
 
 def thread_plan(config: TrainConfig) -> ThreadPlan:
@@ -41,7 +44,10 @@ def resolve_resources(config: TrainConfig) -> tuple[TrainConfig, Precision, Thre
     """Apply the thread plan and resolve the precision; the config with concrete values."""
     plan = thread_plan(config)
     apply_thread_plan(plan)
-    precision = resolve_precision(config.model.generation_dtype, config.model.autocast_bf16)
+    device = resolve_device(config.run.device)
+    precision = resolve_precision(
+        config.model.generation_dtype, config.model.autocast_bf16, device=str(device)
+    )
     model = config.model.model_copy(
         update={
             "generation_dtype": precision.generation_dtype,

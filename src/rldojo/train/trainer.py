@@ -16,7 +16,6 @@ from the gradient (a failed sample is neither a 0 reward nor a group member).
 from __future__ import annotations
 
 import asyncio
-import copy
 import math
 import os
 import random
@@ -31,8 +30,15 @@ import torch
 
 from rldojo.config import TrainConfig, dump_config
 from rldojo.eval.harness import EvalResult, evaluate
+from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.models import check_model, load_model
-from rldojo.policy.transformers_backend import TransformersPolicy
+from rldojo.policy.training_model import (
+    check_training_model,
+    load_reference,
+    load_training_model,
+    make_policy,
+)
+from rldojo.policy.vllm_backend import check_vllm
 from rldojo.report.trackers import check_report_to
 from rldojo.rollout.env_workers import EnvWorkerPool
 from rldojo.rollout.generation import Generation, LocalGeneration, RayGeneration, Rounds
@@ -107,16 +113,17 @@ class Trainer:
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         if checkpoint is None or cfg.loss.kl_coef > 0:  # the KL reference loads the base
             check_model(cfg.model.name)
+        check_training_model(cfg.model, checkpoint, cfg.run.cluster)  # LoRA's needs
+        check_vllm(cfg)  # generation.backend = "vllm": its package and settings
+        self.device = torch.device(self.precision.device)  # run.device, resolved
         run_dir.mkdir(parents=True, exist_ok=True)
         # First, and atomically: a run killed at any later point can be resumed from it.
         write_atomically(run_dir / "config.toml", dump_config(cfg))
-        self.model, self.tokenizer = load_model(str(checkpoint) if checkpoint else cfg.model.name)
-        self.model.train()
-        self.policy = TransformersPolicy(
-            self.model, self.tokenizer,
-            generation_dtype=self.precision.torch_generation_dtype(),
-            separate_copy=cfg.rollout.max_policy_lag > 0,  # generate while training
-        )  # fmt: skip
+        self.model, self.tokenizer = load_training_model(
+            cfg.model, checkpoint, self.device, lambda name: load_model(name)
+        )  # late-bound: tests replace `load_model` here
+        gen_dtype = self.precision.torch_generation_dtype()
+        self.policy = make_policy(cfg, self.model, self.tokenizer, gen_dtype)
         self.source: RolloutSource | None = None  # started by the first step
         self.grader_pool: EnvWorkerPool | None = None  # graders in workers (own timeout)
         self.env_pool: EnvWorkerPool | None = None
@@ -138,11 +145,12 @@ class Trainer:
         # The KL reference is the initial model, also after a resume from a checkpoint.
         self.ref_model = None
         if cfg.loss.kl_coef > 0:
-            base = load_model(cfg.model.name)[0] if checkpoint else copy.deepcopy(self.model)
-            self.ref_model = base.eval()
+            self.ref_model = load_reference(
+                cfg.model, self.model, checkpoint, self.device, lambda name: load_model(name)
+            )
         # fused: one kernel per step instead of foreach's full-size temporaries (peak memory).
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            trainable_parameters(self.model),  # the adapters alone under LoRA
             lr=cfg.optim.lr,
             betas=cfg.optim.betas,
             weight_decay=cfg.optim.weight_decay,
@@ -378,6 +386,8 @@ class Trainer:
             if pool is not None:
                 pool.close()
         self.ledger.close()
+        if callable(getattr(self.policy, "close", None)):  # vLLM: its weights snapshot
+            self.policy.close()
         close = getattr(self.grader, "close", None)
         if close is not None:
             result = close()

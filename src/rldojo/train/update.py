@@ -10,6 +10,12 @@ AdamW. The PPO ratio is taken against the log-probs before the batch's first ste
 ratio 1), or against the sampler's for rows sampled by other weights (stale); fresh rows
 get a truncated IS weight min(pi_old / pi_sampler, cap) for the sampler's numeric
 mismatch. Each mini-batch is normalised by its own token count (`loss.normaliser`).
+
+Devices: the rollout batch, advantages and mask stay on the host; each micro-batch is
+moved to the model's device after slicing, so the loop's bookkeeping never waits on a
+GPU. Autocast follows the device (bf16 on CUDA when `model.autocast_bf16` resolves so).
+The update's own metrics stay tensors until the optimizer step and reach the host in
+one transfer per step (the loss function's clip statistics still read per micro-batch).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 import torch
 
 from rldojo.config import TrainConfig
+from rldojo.policy.device import autocast_device_type, model_device
 from rldojo.train import losses
 from rldojo.train.batch import TokenBatch, completion_logits, selected_logits, splits_output_layer
 from rldojo.types import Score
@@ -54,10 +61,11 @@ class PolicyUpdate:
     ) -> None:
         self.model, self.ref_model = model, ref_model
         self.optimizer, self.config = optimizer, config
+        self.device = model_device(model)
 
     def _autocast(self) -> Any:
         if self.config.model.autocast_bf16 is True:  # resolved from "auto" by the trainer
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+            return torch.autocast(autocast_device_type(self.device), dtype=torch.bfloat16)
         return nullcontext()
 
     def optimize(
@@ -93,8 +101,8 @@ class PolicyUpdate:
         rows = []
         for start in range(0, batch.size, self.config.optim.micro_batch_size):
             index = slice(start, start + self.config.optim.micro_batch_size)
-            mb = batch.rows(index)
-            where = selected[index][:, : mb.completion_ids.shape[1]]
+            mb = batch.rows(index).to(self.device)
+            where = selected[index][:, : mb.completion_ids.shape[1]].to(self.device)
             lp = self._logprobs(self.model, mb, temperature, where if self._split(self.model)
                                 else None)  # fmt: skip
             rows.append(torch.nn.functional.pad(lp, (0, t - lp.shape[1])))
@@ -113,11 +121,14 @@ class PolicyUpdate:
         cfg = self.config
         sums: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
+        results = []
         for start in range(0, batch.size, cfg.optim.micro_batch_size):
             index = slice(start, start + cfg.optim.micro_batch_size)
-            m = self._microbatch_backward(batch.rows(index), advantages[index], selected[index],
-                                          num_tokens, version,
-                                          None if old is None else old[index])  # fmt: skip
+            results.append(self._microbatch_backward(
+                batch.rows(index), advantages[index], selected[index], num_tokens, version,
+                None if old is None else old[index],
+            ))  # fmt: skip
+        for m in _to_host(results):
             weight = m.get("tokens", 0.0)
             for key, value in m.items():
                 unweighted = ("tokens", "loss", "mismatch", "tis", "measured")
@@ -146,10 +157,13 @@ class PolicyUpdate:
         num_tokens: float,
         version: int,
         old_logprobs: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """Forward, clipped loss and backward for one micro-batch; returns its metrics.
+    ) -> dict[str, Any]:
+        """Forward, clipped loss and backward for one micro-batch; returns its metrics
+        (floats, and 0-dim tensors still on the device: `_to_host`).
         `old_logprobs` `[M, T]` is `pi_old` (None: the current log-probs, ratio 1)."""
         cfg, lc = self.config, self.config.loss
+        mb, advantages, selected = (mb.to(self.device), advantages.to(self.device),
+                                    selected.to(self.device))  # fmt: skip
         temperature = cfg.sampling.temperature or 1.0
         t = mb.completion_ids.shape[1]
         where = selected[:, :t] if self._split(self.model) else None  # [M, T] or None
@@ -164,7 +178,9 @@ class PolicyUpdate:
         # PPO ratio against their behaviour log-probs; on-policy rows against pi_old (the
         # weights before this batch's first step) with a truncated IS weight for the
         # sampler's numeric mismatch (bf16 sampler, fp32 trainer).
-        versions = mb.versions if mb.versions is not None else torch.zeros(mb.size)  # [M]
+        versions = (
+            mb.versions if mb.versions is not None else torch.zeros(mb.size, device=self.device)
+        )  # [M] fmt: skip
         stale = (versions != version)[:, None]  # [M, 1] (newer: from lost weights)
         pre = logprobs.detach() if old_logprobs is None else old_logprobs[:, :t]  # [M, T]
         old = torch.where(stale, behaviour, pre)  # [M, T]
@@ -179,11 +195,13 @@ class PolicyUpdate:
         )  # fmt: skip
         loss.backward()
         policy = mb.policy_mask if where is None else where  # [M, T] tokens with a log-prob
-        m["loss"] = float(loss.detach())
-        m["measured"] = float(policy.sum())
-        m["mismatch"] = float((pre - behaviour).abs()[policy].sum())
-        m["tis"] = float(is_weights[policy].sum()) if is_weights is not None else 0.0
-        return m
+        out: dict[str, Any] = dict(m)  # floats, and 0-dim device tensors read later
+        out["loss"] = loss.detach()
+        out["measured"] = policy.sum()
+        out["mismatch"] = torch.where(policy, (pre - behaviour).abs(), 0.0).sum()
+        tis = torch.where(policy, is_weights, 0.0).sum() if is_weights is not None else 0.0
+        out["tis"] = tis
+        return out
 
     @torch.no_grad()
     def entropy(self, batch: TokenBatch) -> torch.Tensor:
@@ -192,13 +210,14 @@ class PolicyUpdate:
         rows = []
         for start in range(0, batch.size, self.config.optim.micro_batch_size):
             mb = batch.rows(slice(start, start + self.config.optim.micro_batch_size))
+            mb = mb.to(self.device)
             with self._autocast():
                 logits = completion_logits(self.model, mb)  # [M, T', V]
             _, ent = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T']
             rows.append(
                 torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1]))
             )
-        return torch.cat(rows)  # [B, T]
+        return torch.cat(rows).cpu()  # [B, T], on the host with the mask code
 
     def _split(self, model: Any) -> bool:
         return self.config.optim.selected_logits and splits_output_layer(model)
@@ -217,4 +236,15 @@ class PolicyUpdate:
             logits = selected_logits(model, mb, where, share_prefix=share)  # [N, V]
         ids = mb.completion_ids[where]  # [N]
         picked, _ = losses.logprobs_and_entropy(logits[None], ids[None], temperature)  # [1, N]
-        return torch.zeros(where.shape, dtype=picked.dtype).masked_scatter(where, picked[0])
+        out = torch.zeros(where.shape, dtype=picked.dtype, device=where.device)  # [M, T]
+        return out.masked_scatter(where, picked[0])
+
+
+def _to_host(results: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Micro-batch metrics with their device tensors read in one transfer (one sync)."""
+    keys = [(i, k) for i, m in enumerate(results) for k, v in m.items() if torch.is_tensor(v)]
+    values = torch.stack([results[i][k].float() for i, k in keys]).tolist() if keys else []
+    out = [dict(m) for m in results]
+    for (i, k), v in zip(keys, values, strict=True):
+        out[i][k] = v
+    return out

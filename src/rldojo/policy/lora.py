@@ -1,0 +1,110 @@
+"""LoRA adapters through `peft` (`model.lora`): wrap, reload from a checkpoint, merge.
+
+With `model.lora` set, the trainer wraps its model in a `peft` model whose base weights
+are frozen; only the adapters' A/B matrices train, so the optimizer holds their state
+alone. `save_pretrained` of the wrapped model writes the adapter (`adapter_config.json`,
+`adapter_model.safetensors`), which `PeftModel.from_pretrained(base, dir)` loads; the base
+is named in the adapter config (`base_model_name_or_path`: the run's `model.name`, a
+built-in name or a directory). Generation goes through the same wrapped model (or a copy
+of it), so it samples from the adapted policy after every step. `merge_and_export` folds
+the adapters into the base weights and writes a plain transformers model directory.
+
+`peft` is an optional extra (`pip install 'rldojo[lora]'`); it is imported only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rldojo.config import ConfigError, LoraSection
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("model.lora needs peft: pip install 'rldojo[lora]'") from None
+    return peft
+
+
+def check_lora_available() -> None:
+    """One-line error, before any model loads, when `model.lora` is set without peft."""
+    _peft()
+
+
+def is_adapter_dir(path: Path) -> bool:
+    """Whether a checkpoint directory holds a LoRA adapter rather than full weights."""
+    return (path / ADAPTER_CONFIG).exists()
+
+
+def is_peft_model(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
+def add_lora(model: Any, lora: LoraSection, base_name: str) -> Any:
+    """Wrap `model` with fresh adapters (B = 0: the policy starts equal to the base)."""
+    peft = _peft()
+    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(
+        lora.target_modules)  # fmt: skip
+    config = peft.LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=targets, task_type="CAUSAL_LM", bias="none",
+    )  # fmt: skip
+    wrapped = peft.get_peft_model(model, config)
+    wrapped.peft_config["default"].base_model_name_or_path = base_name
+    return wrapped
+
+
+def load_adapter(base: Any, adapter_dir: Path, *, trainable: bool = True) -> Any:
+    """The base model with the adapter saved in `adapter_dir` (trainable to resume)."""
+    peft = _peft()
+    return peft.PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+
+
+def adapter_base_name(adapter_dir: Path) -> str:
+    """The base model an adapter was trained on (its `base_model_name_or_path`)."""
+    import json
+
+    name = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not name:
+        raise ConfigError(f"{adapter_dir / ADAPTER_CONFIG}: base_model_name_or_path is empty")
+    return str(name)
+
+
+def trainable_parameters(model: Any) -> list[Any]:
+    """The parameters the optimizer updates (the adapters under LoRA; all otherwise)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def merge_and_export(model: Any, tokenizer: Any, out: Path) -> Path:
+    """Fold the adapters into the base weights and write a plain HF model directory."""
+    merged = model.merge_and_unload() if is_peft_model(model) else model
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def export_checkpoint(checkpoint: Path, out: Path, *, merge: bool) -> Path:
+    """A checkpoint as a plain transformers model directory in `out`: an adapter
+    checkpoint is loaded onto its base and merged (`merge` must be set), full weights are
+    written as they are. Loads on the CPU, so it needs no GPU."""
+    from rldojo.policy.models import load_model
+
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out}: exists and is not empty")
+    if is_adapter_dir(checkpoint):
+        if not merge:
+            raise ConfigError(f"{checkpoint}: a LoRA adapter; pass --merge to fold it into "
+                              "its base (or load it with PeftModel.from_pretrained)")  # fmt: skip
+        base, tokenizer = load_model(adapter_base_name(checkpoint))
+        model = load_adapter(base, checkpoint, trainable=False)
+    elif (checkpoint / "config.json").exists():
+        model, tokenizer = load_model(str(checkpoint))
+    else:
+        raise ConfigError(f"{checkpoint}: not a checkpoint (no adapter_config.json or "
+                          "config.json)")  # fmt: skip
+    return merge_and_export(model, tokenizer, out)

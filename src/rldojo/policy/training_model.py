@@ -1,0 +1,93 @@
+"""The model a trainer trains: loaded (fresh or from a checkpoint), wrapped with LoRA
+adapters when `model.lora` is set, and placed on the run's device; its KL reference; and
+the sampler that generates from it (`generation.backend`).
+
+A full fine-tuning checkpoint is a model directory (`from_pretrained`); a LoRA checkpoint
+holds the adapter only, so resuming loads the base (`model.name`) and the adapter onto it
+(`rldojo.policy.lora`). Weights load on the host and move to the device once, so a
+checkpoint written on a GPU resumes on a CPU and back.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rldojo.config import ConfigError, ModelConfig, TrainConfig
+from rldojo.policy import lora as lora_lib
+from rldojo.policy.models import check_model, load_model
+
+
+def check_training_model(model: ModelConfig, checkpoint: Path | None, cluster: str) -> None:
+    """One-line errors before the run directory exists or a model loads."""
+    if model.lora is None:
+        if checkpoint is not None and lora_lib.is_adapter_dir(checkpoint):
+            raise ConfigError(f"{checkpoint}: holds a LoRA adapter but model.lora is not set")
+        return
+    lora_lib.check_lora_available()
+    if checkpoint is not None and not lora_lib.is_adapter_dir(checkpoint):
+        raise ConfigError(f"{checkpoint}: holds full weights but model.lora is set")
+    if cluster == "ray":
+        raise ConfigError("model.lora: not supported with run.cluster = \"ray\" yet (the Ray "
+                          "workers load full weights)")  # fmt: skip
+    check_model(model.name)  # the base loads under the adapter, also on resume
+
+
+Loader = Callable[[str], tuple[Any, Any]]
+"""`load_model` (a seam: tests and the kill-anywhere tracer pass their own)."""
+
+
+def load_training_model(
+    model: ModelConfig, checkpoint: Path | None, device: torch.device, load: Loader = load_model
+) -> tuple[Any, Any]:
+    """`(model, tokenizer)` in train mode on `device`: the checkpoint's weights when given
+    (full weights, or `model.name` plus the checkpoint's adapter under LoRA)."""
+    if model.lora is None:
+        net, tokenizer = load(str(checkpoint) if checkpoint else model.name)
+    else:
+        base, tokenizer = load(model.name)
+        if checkpoint is not None and lora_lib.is_adapter_dir(checkpoint):
+            net = lora_lib.load_adapter(base, checkpoint, trainable=True)
+        else:
+            net = lora_lib.add_lora(base, model.lora, model.name)
+    net = net.to(device)
+    net.train()
+    return net, tokenizer
+
+
+def load_reference(
+    model: ModelConfig,
+    trained: Any,
+    checkpoint: Path | None,
+    device: torch.device,
+    load: Loader = load_model,
+) -> Any:
+    """The KL reference, the initial model, in eval mode on `device`: a copy of the
+    freshly loaded model, or the base loaded again after a resume or under LoRA (whose
+    wrapped model is not the base)."""
+    if checkpoint is None and model.lora is None:
+        ref = copy.deepcopy(trained)
+    else:
+        ref = load(model.name)[0]
+    ref.requires_grad_(False)
+    return ref.to(device).eval()
+
+
+def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtype: Any) -> Any:
+    """The sampler for `generation.backend`: the native one on the trained model (a copy
+    for asynchronous rollouts or another dtype), or vLLM colocated on the GPU."""
+    if config.generation.backend == "vllm":
+        from rldojo.policy.vllm_backend import VLLMPolicy
+
+        share = config.generation.gpu_memory_utilization
+        return VLLMPolicy(model, tokenizer, seed=config.run.seed, gpu_memory_utilization=share)
+    from rldojo.policy.transformers_backend import TransformersPolicy
+
+    return TransformersPolicy(
+        model, tokenizer, generation_dtype=generation_dtype,
+        separate_copy=config.rollout.max_policy_lag > 0,  # generate while training
+    )  # fmt: skip
