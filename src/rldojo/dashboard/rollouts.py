@@ -22,6 +22,11 @@ MAX_PAGE = 200
 PREVIEW_CHARS = 160
 """Characters of the completion shown in a page row."""
 
+STEP_OFFSET = 1
+"""The ledger's `step` is the trainer's step counter when the rollouts were collected
+(0 for the first step); the viewer shows and filters by `step + 1`, the step whose
+metrics line (and update) they belong to, as the charts and `trained` count."""
+
 
 class LedgerMissing(LookupError):
     """The run has no (readable) ledger yet."""
@@ -52,7 +57,7 @@ class Filters:
         args: list[Any] = []
         if self.step is not None:
             clauses.append("step = ?")
-            args.append(self.step)
+            args.append(self.step - STEP_OFFSET)
         if self.env:
             clauses.append("env = ?")
             args.append(self.env)
@@ -103,7 +108,9 @@ class LedgerView:
     def facets(self) -> dict[str, Any]:
         """What the filters can take: step range, env ids, statuses, total rows."""
         db = self._db
-        lo, hi, total = db.execute("SELECT MIN(step), MAX(step), COUNT(*) FROM rollouts").fetchone()
+        lo, hi, total = db.execute(
+            f"SELECT MIN(step) + {STEP_OFFSET}, MAX(step) + {STEP_OFFSET}, COUNT(*) FROM rollouts"
+        ).fetchone()
         envs = [e for (e,) in db.execute("SELECT DISTINCT env FROM rollouts ORDER BY env")]
         statuses = sorted(
             {s for (s,) in db.execute("SELECT DISTINCT status FROM rollouts")}
@@ -119,7 +126,8 @@ class LedgerView:
         where, args = filters.where()
         adv = "advantage" if self._selected else "NULL"
         rows = self._db.execute(
-            f"SELECT id, step, env, task_id, sample_index, status, score_status, score_value,"
+            f"SELECT id, step + {STEP_OFFSET}, env, task_id, sample_index, status, score_status,"
+            " score_value,"
             f" trained, {adv}, substr(completion, 1, {PREVIEW_CHARS}), length(completion)"
             f" FROM rollouts{where} ORDER BY step DESC, id DESC LIMIT ? OFFSET ?",
             [*args, limit, offset],
@@ -138,7 +146,8 @@ class LedgerView:
         """One rollout whole: conversation, tokens with logprob/entropy/mask, score."""
         extra = "advantage, selected" if self._selected else "NULL, NULL"
         row = self._db.execute(
-            "SELECT id, step, env, task_id, sample_index, seed, policy_version, status, error,"
+            f"SELECT id, step + {STEP_OFFSET}, env, task_id, sample_index, seed, policy_version,"
+            " status, error,"
             " messages, completion, completion_ids, policy_mask, logprobs, entropies, info,"
             " score_value, score_status, components, flags, explanation, trained,"
             f" {extra} FROM rollouts WHERE id = ?",
@@ -167,7 +176,7 @@ class LedgerView:
         rows = self._db.execute(
             f"SELECT id, sample_index, status, score_status, score_value, {adv}, trained,"
             " completion FROM rollouts WHERE step = ? AND task_id = ? ORDER BY sample_index, id",
-            (step, task_id),
+            (step - STEP_OFFSET, task_id),
         ).fetchall()
         keys = ("id", "sample_index", "status", "score_status", "score", "advantage",
                 "trained", "completion")  # fmt: skip
