@@ -17,4 +17,5 @@ COMMAND_MODULES = (
     "rldojo.commands.new_env",
     "rldojo.commands.dashboard",
     "rldojo.commands.export",
+    "rldojo.commands.service",
 )

@@ -1,0 +1,73 @@
+"""`rldojo service`: the OpenAI-compatible reinforcement fine-tuning service (`rldojo.service`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("service")(service)
+
+
+def service(
+    data_dir: Annotated[
+        Path, typer.Option("--data-dir", help="State, uploads and job run directories")
+    ] = Path("rldojo-service"),
+    host: Annotated[str, typer.Option(help="Address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free port)")] = 8000,
+    api_keys_file: Annotated[
+        Path | None,
+        typer.Option("--api-keys-file", help="API keys, one per line (also RLDOJO_API_KEYS)"),
+    ] = None,
+    max_concurrent_jobs: Annotated[
+        int, typer.Option("--max-concurrent-jobs", min=1, help="Jobs training at once")
+    ] = 1,
+    max_file_mb: Annotated[
+        float, typer.Option("--max-file-mb", help="Largest upload, in MiB")
+    ] = 64.0,
+    allow_model: Annotated[
+        list[str] | None,
+        typer.Option("--allow-model", help="Also fine-tune this local model directory"),
+    ] = None,
+    max_loaded_models: Annotated[
+        int, typer.Option("--max-loaded-models", min=1, help="Models kept loaded for inference")
+    ] = 2,
+    job_threads: Annotated[
+        int | None, typer.Option("--job-threads", help="torch threads per job (default: all)")
+    ] = None,
+) -> None:
+    """Serve OpenAI's fine-tuning API (files, RFT jobs, graders, models) under /v1."""
+    from rldojo.commands.ui import console, fail
+    from rldojo.service import ServiceSettings, load_api_keys, serve_forever
+    from rldojo.service.settings import BUILTIN_BASE_MODELS
+
+    try:
+        keys = load_api_keys(api_keys_file)
+    except ValueError as exc:
+        fail(str(exc))
+    if not keys:
+        fail("no API keys: set RLDOJO_API_KEYS=key1,key2 or pass --api-keys-file FILE")
+    models = list(BUILTIN_BASE_MODELS)
+    for path in allow_model or []:
+        if not Path(path).is_dir():
+            fail(f"--allow-model {path}: not a model directory")
+        models.append(path)
+    settings = ServiceSettings(
+        data_dir=data_dir,
+        api_keys=keys,
+        max_concurrent_jobs=max_concurrent_jobs,
+        max_file_bytes=int(max_file_mb * 1024 * 1024),
+        base_models=tuple(models),
+        max_loaded_models=max_loaded_models,
+        job_threads=job_threads,
+    )
+
+    def ready(handle: Any) -> None:
+        console.print(
+            f"rldojo service at {handle.url} (data: {data_dir}; Ctrl-C stops)", soft_wrap=True
+        )
+
+    serve_forever(settings, host, port, on_ready=ready)

@@ -1,0 +1,21 @@
+"""rldojo.service: a self-hosted, OpenAI-compatible reinforcement fine-tuning service.
+
+`rldojo service --data-dir DIR` serves under `/v1` what the official `openai` client
+calls for fine-tuning: files, reinforcement fine-tuning jobs with OpenAI grader specs,
+graders validate/run, models and chat/text completions from the fine-tuned models.
+
+Bottom to top:
+
+- `errors`: OpenAI's error body; `settings`: the operator's choices and API keys.
+- `state`: SQLite (files, jobs, events, checkpoints), written before each reply.
+- `rft_env`: the environment over RFT JSONL rows (checked with line numbers).
+- `job_spec`: a create request checked, hyperparameters resolved, the `TrainConfig`.
+- `runner`: what a job's worker process runs (`run_training` in the job's run dir).
+- `scheduler`: validate, queue, one worker process per job, events and checkpoints.
+- `api_jobs`, `api_models`: the routes; `app`: auth and errors; `server`: uvicorn.
+"""
+
+from rldojo.service.server import ServiceHandle, serve_forever, start_service
+from rldojo.service.settings import ServiceSettings, load_api_keys
+
+__all__ = ["ServiceHandle", "ServiceSettings", "load_api_keys", "serve_forever", "start_service"]

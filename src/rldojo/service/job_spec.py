@@ -1,0 +1,211 @@
+"""A fine-tuning job request, checked, and the rldojo training config it becomes.
+
+`parse_create(body, ...)` checks `POST /v1/fine_tuning/jobs` (model allowed, files owned,
+method, grader spec loadable, hyperparameters typed) and raises `ApiError(400)` naming
+the field. `resolve_hyperparameters` turns OpenAI's reinforcement hyperparameters, `"auto"`
+included, into numbers (reported back in the job object); `train_config` maps them onto
+rldojo's `TrainConfig`:
+
+    batch_size               rollout.prompts_per_step     auto: min(8, training rows)
+    n_epochs                 run.steps = ceil(n_epochs x rows / batch_size)   auto: 1
+    learning_rate_multiplier optim.lr = 2e-5 x multiplier                     auto: 1.0
+    compute_multiplier       rollout.group_size = max(2, round(4 x multiplier)) auto: 1.0
+    reasoning_effort         sampling.max_new_tokens: low 32, medium 64, high 128   auto: medium
+    eval_interval            eval.every and run.checkpoint_every (steps)      auto: 1
+    eval_samples             eval.tasks: held-out rows evaluated (validation file only)
+                                                                           auto: all, at most 32
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rldojo.config import TrainConfig
+from rldojo.graders.specs.common import GraderSpecError
+from rldojo.service.errors import ApiError
+from rldojo.service.rft_env import ENV_ID
+from rldojo.service.settings import ServiceSettings
+from rldojo.service.state import ServiceState
+
+__all__ = ["parse_create", "resolve_hyperparameters", "train_config"]
+
+_HYPER = {
+    "batch_size": int,
+    "n_epochs": int,
+    "learning_rate_multiplier": float,
+    "compute_multiplier": float,
+    "eval_interval": int,
+    "eval_samples": int,
+    "reasoning_effort": str,
+}
+_EFFORT_TOKENS = {"low": 32, "medium": 64, "default": 64, "high": 128}
+_SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+BASE_LR = 2e-5
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+def _hyperparameters(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise _bad("hyperparameters: expected an object", "method.reinforcement.hyperparameters")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        param = f"method.reinforcement.hyperparameters.{key}"
+        if key not in _HYPER:
+            raise _bad(f"{param}: unknown hyperparameter (known: {', '.join(_HYPER)})", param)
+        kind = _HYPER[key]
+        if value is None or value == "auto":
+            continue
+        if key == "reasoning_effort":
+            if value not in _EFFORT_TOKENS:
+                raise _bad(f"{param}: expected one of {', '.join(_EFFORT_TOKENS)}", param)
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise _bad(f"{param}: expected 'auto' or a positive number, got {value!r}", param)
+        elif kind is int and value != int(value):
+            raise _bad(f"{param}: expected an integer, got {value!r}", param)
+        out[key] = kind(value)
+    return out
+
+
+def _grader(spec: Any) -> dict[str, Any]:
+    from rldojo.graders.specs.loading import load
+
+    param = "method.reinforcement.grader"
+    if not isinstance(spec, Mapping):
+        raise _bad(f"{param}: missing (an OpenAI grader object)", param)
+    try:
+        grader = load(dict(spec), cache=False)
+    except (GraderSpecError, ValueError) as exc:
+        raise _bad(f"{param}: {exc}", param) from None
+    import asyncio
+
+    asyncio.run(grader.close())
+    return dict(spec)
+
+
+def _file(state: ServiceState, owner: str, file_id: Any, param: str) -> str:
+    if not isinstance(file_id, str) or state.file(owner, file_id) is None:
+        raise _bad(f"{param}: no such file: {file_id!r}", param)
+    return file_id
+
+
+def parse_create(
+    body: Mapping[str, Any], settings: ServiceSettings, state: ServiceState, owner: str
+) -> dict[str, Any]:
+    """The job's stored fields from a create request (module docstring); ApiError(400)."""
+    model = body.get("model")
+    if not isinstance(model, str) or model not in settings.base_models:
+        allowed = ", ".join(settings.base_models)
+        raise _bad(f"model: {model!r} is not a model this service fine-tunes ({allowed})", "model")
+    training = _file(state, owner, body.get("training_file"), "training_file")
+    validation = body.get("validation_file")
+    if validation is not None:
+        validation = _file(state, owner, validation, "validation_file")
+    suffix = body.get("suffix")
+    if suffix is not None and (not isinstance(suffix, str) or not _SUFFIX.match(suffix)):
+        raise _bad("suffix: 1-64 letters, digits, '-' or '_'", "suffix")
+    seed = body.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise _bad("seed: expected an integer", "seed")
+    metadata = body.get("metadata") or {}
+    if not isinstance(metadata, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+        for k, v in metadata.items()
+    ):
+        raise _bad("metadata: expected string keys (<=64) and string values (<=512)", "metadata")
+    method = body.get("method")
+    if not isinstance(method, Mapping) or "type" not in method:
+        raise _bad("method: expected {'type': 'reinforcement', 'reinforcement': {...}}", "method")
+    if method["type"] == "supervised":
+        raise _bad(
+            "method.type: 'supervised' is not available yet on this service (rldojo sft has "
+            "not landed); use 'reinforcement'",
+            "method.type",
+        )
+    if method["type"] != "reinforcement":
+        raise _bad(
+            f"method.type: {method['type']!r} is not supported; use 'reinforcement'", "method.type"
+        )
+    rft = method.get("reinforcement")
+    if not isinstance(rft, Mapping):
+        raise _bad("method.reinforcement: missing", "method.reinforcement")
+    grader = _grader(rft.get("grader"))
+    hyper = _hyperparameters(rft.get("hyperparameters"))
+    return {
+        "model": model,
+        "training_file": training,
+        "validation_file": validation,
+        "suffix": suffix,
+        "seed": seed,
+        "metadata": dict(metadata),
+        "method": {
+            "type": "reinforcement",
+            "reinforcement": {"grader": grader, "hyperparameters": hyper},
+        },
+    }
+
+
+def resolve_hyperparameters(asked: Mapping[str, Any], rows: int, val_rows: int) -> dict[str, Any]:
+    """Every hyperparameter as a value, `"auto"` resolved (module docstring)."""
+    batch = int(asked.get("batch_size") or min(8, rows))
+    epochs = int(asked.get("n_epochs") or 1)
+    return {
+        "batch_size": batch,
+        "n_epochs": epochs,
+        "learning_rate_multiplier": float(asked.get("learning_rate_multiplier") or 1.0),
+        "compute_multiplier": float(asked.get("compute_multiplier") or 1.0),
+        "reasoning_effort": str(asked.get("reasoning_effort") or "medium"),
+        "eval_interval": int(asked.get("eval_interval") or 1),
+        "eval_samples": int(asked.get("eval_samples") or min(32, val_rows)),
+        "steps": max(1, math.ceil(epochs * rows / batch)),
+    }
+
+
+def train_config(
+    job: Mapping[str, Any],
+    hyper: Mapping[str, Any],
+    paths: Mapping[str, Any],
+    jobs_dir: Path,
+    threads: int | None,
+) -> TrainConfig:
+    """The rldojo config a job trains with; `paths` holds the stored files and names."""
+    validation = paths.get("validation_path")
+    grader = job["method"]["reinforcement"]["grader"]
+    return TrainConfig.model_validate(
+        {
+            "model": {"name": job["model"]},
+            "env": {"id": ENV_ID, "kwargs": {k: v for k, v in paths.items() if v is not None}},
+            "grader": {"spec": {"grader": grader, "cache": False}},
+            "sampling": {
+                "max_new_tokens": _EFFORT_TOKENS[hyper["reasoning_effort"]],
+                "temperature": 1.0,
+            },
+            "rollout": {
+                "prompts_per_step": hyper["batch_size"],
+                "dynamic_sampling": False,
+                "group_size": max(2, round(4 * hyper["compute_multiplier"])),
+            },
+            "optim": {"lr": BASE_LR * hyper["learning_rate_multiplier"]},
+            "eval": {
+                "tasks": hyper["eval_samples"] if validation else 0,
+                "every": hyper["eval_interval"] if validation else 0,
+            },
+            "run": {
+                "steps": hyper["steps"],
+                "seed": job["seed"],
+                "output_dir": str(jobs_dir),
+                "name": job["id"],
+                "checkpoint_every": hyper["eval_interval"],
+                "report_to": [],
+                **({"threads": threads} if threads else {}),
+            },
+        }
+    )

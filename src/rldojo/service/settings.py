@@ -1,0 +1,62 @@
+"""`ServiceSettings`: what the operator of `rldojo service` decides (one field each).
+
+The CLI (`rldojo.commands.service`) fills it from its options; tests build it directly.
+API keys come from `RLDOJO_API_KEYS` (comma-separated) and/or `--api-keys-file` (one key
+per line, `#` comments); a key is never stored, only its SHA-256 (the owner of what the
+key creates).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ServiceSettings", "load_api_keys", "owner_of"]
+
+BUILTIN_BASE_MODELS = ("tiny-random", "smollm2-135m-instruct")
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    data_dir: Path
+    """Where state lives: `service.sqlite`, `files/` (uploads), `jobs/<id>/` (run dirs)."""
+    api_keys: frozenset[str] = frozenset()
+    """Valid API keys; a request without one of them gets 401. Empty: every request 401."""
+    max_concurrent_jobs: int = 1
+    """Jobs training at once, each in its own worker process; the rest wait `queued`."""
+    max_file_bytes: int = 64 * 1024 * 1024
+    """Largest accepted upload; a bigger one is a 413 before it is stored."""
+    base_models: tuple[str, ...] = BUILTIN_BASE_MODELS
+    """Models a job may fine-tune (and chat may serve): built-in names plus any local
+    model directories the operator allows (`--allow-model PATH`)."""
+    max_loaded_models: int = 2
+    """Models kept loaded for /v1/chat/completions and /v1/completions (least recently
+    used is closed first)."""
+    job_threads: int | None = None
+    """torch threads of each job's trainer (None: rldojo's default for the machine)."""
+    worker_start_timeout_s: float = 120.0
+    """How long a job's worker process may take to start."""
+    poll_s: float = 0.25
+    """How often the scheduler looks at queued jobs and running jobs' run directories."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """Environment variables for job workers (tests pass `RLDOJO_CACHE` this way)."""
+
+
+def owner_of(key: str) -> str:
+    """The owner id of an API key (its SHA-256, shortened): stored instead of the key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def load_api_keys(keys_file: Path | None = None, env: str | None = None) -> frozenset[str]:
+    """Keys from `RLDOJO_API_KEYS` (or `env`) and the keys file; ValueError if unreadable."""
+    text = os.environ.get("RLDOJO_API_KEYS", "") if env is None else env
+    keys = {k.strip() for k in text.split(",") if k.strip()}
+    if keys_file is not None:
+        try:
+            lines = keys_file.read_text().splitlines()
+        except OSError as exc:
+            raise ValueError(f"{keys_file}: cannot read API keys: {exc.strerror}") from None
+        keys |= {ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")}
+    return frozenset(keys)

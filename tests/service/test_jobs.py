@@ -1,0 +1,126 @@
+"""Reinforcement fine-tuning jobs end to end through the official openai client, on a
+real service subprocess with real worker processes and real `tiny-random` training."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from service.helpers import (
+    FAST,
+    KEY_B,
+    MULTI,
+    PYTHON,
+    STRING_CHECK,
+    alive,
+    create_job,
+    upload,
+    wait_for,
+    wait_status,
+    worker_pids,
+)
+
+
+@pytest.mark.parametrize(
+    "grader", [PYTHON, STRING_CHECK, MULTI], ids=["python", "string_check", "multi"]
+)
+def test_rft_job_succeeds_and_its_model_serves(service, tmp_path, grader):
+    client = service.client()
+    file = upload(client, tmp_path)
+    assert file.id.startswith("file-") and file.object == "file" and file.bytes > 0
+    job = create_job(client, file.id, grader=grader, suffix="t1", seed=3, metadata={"team": "a"})
+    assert job.id.startswith("ftjob-") and job.object == "fine_tuning.job"
+    assert job.status in ("validating_files", "queued")
+    done = wait_status(client, job.id, "succeeded", "failed")
+    assert done.status == "succeeded", done.error
+    assert done.fine_tuned_model == f"ft:tiny-random:t1:{job.id}"
+    assert done.hyperparameters.batch_size == 2 and done.hyperparameters.n_epochs == 1
+    resolved = done.method.reinforcement.hyperparameters
+    assert resolved.learning_rate_multiplier == 1.0 and resolved.eval_interval == 1  # "auto"
+    assert done.metadata == {"team": "a"} and done.seed == 3 and done.finished_at
+
+    events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
+    steps = [e.data["step"] for e in events if e.type == "metrics"]
+    assert sorted(steps) == [1, 2]  # 4 rows / batch 2, one epoch
+    assert all(e.object == "fine_tuning.job.event" for e in events)
+    assert "successfully completed" in events[0].message  # newest first
+    page = client.fine_tuning.jobs.list_events(job.id, limit=2)
+    rest = client.fine_tuning.jobs.list_events(job.id, limit=100, after=page.data[-1].id)
+    assert [e.id for e in page.data + rest.data] == [e.id for e in events]
+
+    ckpts = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in ckpts] == [2, 1]
+    assert ckpts[1].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-1"
+    assert "train_mean_reward" in ckpts[0].metrics.model_dump()
+
+    models = {m.id for m in client.models.list().data}
+    assert {"tiny-random", done.fine_tuned_model, ckpts[1].fine_tuned_model_checkpoint} <= models
+    if grader is PYTHON:  # serve the model and a checkpoint (once: loading costs time)
+        reply = client.chat.completions.create(
+            model=done.fine_tuned_model,
+            messages=[{"role": "user", "content": "Say yes."}],
+            max_tokens=4,
+            temperature=0,
+        )
+        assert reply.model == done.fine_tuned_model and reply.choices[0].message.content
+        text = client.completions.create(
+            model=ckpts[1].fine_tuned_model_checkpoint, prompt="Hello", max_tokens=3, temperature=0
+        )
+        assert text.object == "text_completion" and text.usage.completion_tokens >= 1
+        other = service.client(KEY_B)  # another key sees none of it
+        assert {m.id for m in other.models.list().data} == {"tiny-random", "smollm2-135m-instruct"}
+        with pytest.raises(openai.NotFoundError):
+            other.chat.completions.create(
+                model=done.fine_tuned_model, messages=[{"role": "user", "content": "x"}]
+            )
+        with pytest.raises(openai.NotFoundError):
+            other.models.retrieve(done.fine_tuned_model)
+
+
+def test_cancel_stops_the_worker_and_leaves_no_process(service, tmp_path):
+    client = service.client()
+    file = upload(client, tmp_path)
+    job = create_job(client, file.id, grader=PYTHON, hyper={**FAST, "n_epochs": 500})
+    wait_status(client, job.id, "running")
+    pids = wait_for(lambda: worker_pids(service.proc.pid), 60, "the job's worker process")
+    cancelled = client.fine_tuning.jobs.cancel(job.id)
+    assert cancelled.status == "cancelled"
+    wait_for(lambda: not any(alive(p) for p in pids), 10, "the worker to be gone")
+    assert client.fine_tuning.jobs.retrieve(job.id).status == "cancelled"
+    assert not worker_pids(service.proc.pid)
+    again = client.fine_tuning.jobs.retrieve(job.id)
+    assert again.fine_tuned_model is None and again.finished_at
+
+
+def test_pause_then_resume_continues_from_the_checkpoint(service, tmp_path):
+    client = service.client()
+    file = upload(client, tmp_path)
+    job = create_job(client, file.id, grader=PYTHON, hyper={**FAST, "n_epochs": 10})
+    wait_for(
+        lambda: client.fine_tuning.jobs.checkpoints.list(job.id).data, 120, "a first checkpoint"
+    )
+    paused = client.fine_tuning.jobs.pause(job.id)
+    assert paused.status == "paused"
+    assert not worker_pids(service.proc.pid)
+    at_pause = {c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data}
+    assert client.fine_tuning.jobs.retrieve(job.id).status == "paused"
+    assert client.fine_tuning.jobs.resume(job.id).status == "queued"
+    done = wait_status(client, job.id, "succeeded", "failed")
+    assert done.status == "succeeded", done.error
+    listed = client.fine_tuning.jobs.checkpoints.list(job.id, limit=100).data
+    steps = {c.step_number for c in listed}
+    assert at_pause < steps and max(steps) == 20
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    assert "Job paused" in messages and "Fine-tuning job resumed" in messages
+
+
+def test_jobs_list_is_paginated_newest_first(service, tmp_path):
+    client = service.client()
+    file = upload(client, tmp_path)
+    ids = [create_job(client, file.id).id for _ in range(3)]
+    for job_id in ids:
+        client.fine_tuning.jobs.cancel(job_id)
+    first = client.fine_tuning.jobs.list(limit=2)
+    assert [j.id for j in first.data] == ids[::-1][:2] and first.has_more
+    second = client.fine_tuning.jobs.list(limit=2, after=first.data[-1].id)
+    assert second.data[0].id == ids[0]
+    assert all(j.status == "cancelled" for j in first.data)
