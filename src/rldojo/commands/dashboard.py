@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -30,13 +30,10 @@ def dashboard(
     if missing:
         fail(f"not a directory: {', '.join(missing)} (give run directories or their folder)")
     from rldojo.dashboard.server import start_dashboard
+    from rldojo.serve.server import run_until_stopped
 
-    handle = start_dashboard(roots, host, port)
-    console.print(f"rldojo dashboard at {handle.url} over {', '.join(map(str, roots))} "
-                  "(Ctrl-C stops)", soft_wrap=True)  # fmt: skip
-    try:
-        handle._thread.join()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        handle.close()
+    def ready(handle: Any) -> None:
+        console.print(f"rldojo dashboard at {handle.url} over {', '.join(map(str, roots))} "
+                      "(Ctrl-C stops)", soft_wrap=True)  # fmt: skip
+
+    run_until_stopped(start_dashboard(roots, host, port), ready)

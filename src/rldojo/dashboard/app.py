@@ -12,7 +12,6 @@ run without a ledger is 404 with the reason; an unexpected error is a 500 with o
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +63,10 @@ def api_router(roots: list[Path]) -> APIRouter:
         r = _run(index, id)
         text, config = r.config()
         metrics = read_metrics(r.file("metrics.jsonl"))
+        summary = r.summary()
         return {
-            "row": r.row(), "config_text": text, "config": config, "summary": r.summary(),
+            "row": r.row(metrics, config, summary or {}), "config_text": text,
+            "config": config, "summary": summary,
             "checkpoints": r.checkpoints(), "train": metrics.train, "evals": metrics.evals,
             "bad_lines": metrics.bad_lines, "has_ledger": r.file("ledger.sqlite").is_file(),
         }  # fmt: skip
@@ -186,6 +187,4 @@ def create_app(roots: list[Path] | list[str]) -> FastAPI:
         text = " ".join(str(exc).split())[:300]
         return JSONResponse({"detail": f"{type(exc).__name__}: {text}"}, status_code=500)
 
-    app.state.roots = paths
-    app.state.pid = os.getpid()
     return app

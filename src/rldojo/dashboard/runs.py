@@ -137,12 +137,17 @@ class Run:
                 out.append({"step": int(d.name[5:]), "path": str(d)})
         return out
 
-    def row(self) -> dict[str, Any]:
+    def row(
+        self,
+        metrics: Metrics | None = None,
+        config: dict[str, Any] | None = None,
+        summary: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """The runs table's row: status, envs, model, steps, last reward, held-out
-        accuracy before/after, wall time."""
-        _, config = self.config()
-        summary = self.summary() or {}
-        metrics = read_metrics(self.file("metrics.jsonl"))
+        accuracy before/after, wall time (from the files, or from what the caller read)."""
+        config = self.config()[1] if config is None else config
+        summary = (self.summary() if summary is None else summary) or {}
+        metrics = read_metrics(self.file("metrics.jsonl")) if metrics is None else metrics
         env = config.get("env", {})
         envs = [env.get("id")] if env.get("id") else []
         envs += [m.get("id") for m in env.get("mix", []) if isinstance(m, dict) and m.get("id")]

@@ -35,3 +35,17 @@ class Policy(Protocol):
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Load trained weights; increments `version`."""
         ...
+
+
+def chat_template_ids(
+    tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+) -> list[int]:
+    """`Policy.encode_chat` for a backend with a Hugging Face tokenizer: the chat template
+    with the assistant turn opened, tokenized without extra special tokens. Every such
+    backend uses this one function, so the trainer, the native sampler and vLLM see the
+    same token ids for a conversation."""
+    kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    text = tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=True, **kwargs
+    )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rldojo.policy.base import chat_template_ids
 from rldojo.policy.sampling import sample
 from rldojo.types import Completion, Message, SamplingParams
 
@@ -83,11 +84,7 @@ class TransformersPolicy:
     def encode_chat(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
     ) -> list[int]:
-        kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **kwargs
-        )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return chat_template_ids(self.tokenizer, messages, tools)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rldojo.config import ConfigError, TrainConfig
+from rldojo.policy.base import chat_template_ids
 from rldojo.types import Completion, Message, SamplingParams
 
 
@@ -91,11 +92,7 @@ class VLLMPolicy:
     def encode_chat(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
     ) -> list[int]:
-        kwargs: dict[str, Any] = {"tools": list(tools)} if tools else {}
-        text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **kwargs
-        )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return chat_template_ids(self.tokenizer, messages, tools)
 
     def _params(self, sampling: SamplingParams, index: int) -> Any:
         from vllm import SamplingParams as VllmSampling

@@ -15,14 +15,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import uvicorn
 
 from rldojo.serve.app import build_app
 from rldojo.serve.engine import ChatEngine, TransformersEngine
 
-__all__ = ["ServerHandle", "make_engine", "serve_forever", "start_in_thread", "start_server"]
+__all__ = [
+    "ServerHandle",
+    "make_engine",
+    "run_until_stopped",
+    "serve_forever",
+    "start_in_thread",
+    "start_server",
+]
 
 
 def make_engine(model: str | ChatEngine, *, dtype: str = "auto", max_batch: int = 16) -> ChatEngine:
@@ -123,9 +130,21 @@ def serve_forever(
 ) -> None:
     """Serve until interrupted (what `rldojo serve` runs); `on_ready` gets the handle
     once the port is bound (port 0 picks a free one)."""
-    handle = start_server(model, host, port, dtype=dtype)
+    run_until_stopped(start_server(model, host, port, dtype=dtype), on_ready)
+
+
+H = TypeVar("H", bound="_Closeable")
+
+
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+def run_until_stopped(handle: H, on_ready: Callable[[H], None] | None = None) -> None:
+    """Keep a server started in a thread running in the foreground until Ctrl-C or
+    SIGTERM (both stop it as cleanly), then close it; `on_ready` gets the handle first."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stop as cleanly as on Ctrl-C
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         if on_ready is not None:
             on_ready(handle)

@@ -9,15 +9,13 @@
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import uvicorn
 
-from rldojo.serve.server import start_in_thread
+from rldojo.serve.server import run_until_stopped, start_in_thread
 from rldojo.service.app import Service, build_service
 from rldojo.service.settings import ServiceSettings
 
@@ -70,18 +68,6 @@ def serve_forever(
     port: int,
     on_ready: Callable[[ServiceHandle], None] | None = None,
 ) -> None:
-    handle = start_service(settings, host, port)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        if on_ready is not None:
-            on_ready(handle)
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        handle.close()
-
-
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    """What `rldojo service` runs: until Ctrl-C or SIGTERM, then workers killed, jobs
+    left `running` to resume on the next start."""
+    run_until_stopped(start_service(settings, host, port), on_ready)
