@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from rldojo.eval.stats import (
     paired_bootstrap,
     pass_at_k,
 )
-from rldojo.graders.base import Grader
+from rldojo.graders.base import Grader, passed
 from rldojo.graders.rules import extract_answer, normalize_answer
 from rldojo.policy.base import Policy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
@@ -58,14 +58,6 @@ class EvalResult:
         }
 
 
-def passed(score: Score, pass_threshold: float = 1.0) -> bool:
-    if not score.ok:
-        return False
-    if "correct" in score.components:
-        return score.components["correct"] >= 1.0
-    return (score.value or 0.0) >= pass_threshold
-
-
 def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (95% by default)."""
     if n == 0:
@@ -87,11 +79,16 @@ async def evaluate(
     seed: int = 0,
     grade_timeout_s: float = 30.0,
     pass_threshold: float = 1.0,
+    episode: Mapping[str, Any] | None = None,
 ) -> EvalResult:
     """Run each task once with `sampling` and summarise the graded results (a task is
-    correct when `passed(score, pass_threshold)`)."""
+    correct when `passed(score, pass_threshold)`). `episode` holds the engine's episode
+    limits (`collect_rollouts`' `max_turns`, `max_episode_tokens`, `env_timeout_s`), so
+    an evaluation plays episodes under the same limits as training."""
     requests = [(task, 0, seed + i) for i, task in enumerate(tasks)]
-    rollouts: list[Rollout] = await collect_rollouts(make_env, policy, requests, sampling)
+    rollouts: list[Rollout] = await collect_rollouts(
+        make_env, policy, requests, sampling, **dict(episode or {})
+    )
     scores = await grade_rollouts(grader, rollouts, list(tasks), timeout_s=grade_timeout_s)
     ok = [s for s in scores if s.ok]
     k = sum(passed(s, pass_threshold) for s in scores)

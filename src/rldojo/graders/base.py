@@ -19,3 +19,14 @@ class Grader(Protocol):
     name: str
 
     async def grade(self, rollout: Rollout, task: Task) -> Score: ...
+
+
+def passed(score: Score, pass_threshold: float = 1.0) -> bool:
+    """The pass rule of evaluations, pass rates and demonstrations: a failed grade never
+    passes; a grader that reports correctness (`components["correct"]`) passes at 1;
+    otherwise the value must reach `pass_threshold`."""
+    if not score.ok:
+        return False
+    if "correct" in score.components:
+        return score.components["correct"] >= 1.0
+    return (score.value or 0.0) >= pass_threshold

@@ -11,6 +11,9 @@
                            its components, status), for reading
     RUN/ledger.sqlite      every graded rollout (durable, before training on it)
     RUN/checkpoints/       step_NNNNNN/ (safetensors + optimizer + RNG + step)
+    RUN/evals/LABEL.jsonl  per held-out task of an evaluation ("before", "after",
+                           "step_K"): task id, passed, value, status; runs evaluated on
+                           the same tasks pair by task id (`benchmarks/agentic_pipeline.py`)
     RUN/summary.json       held-out accuracy before/after, timings
 
 Resuming (`--resume RUN`) continues from the newest checkpoint; everything a step logs,
@@ -33,7 +36,9 @@ from rich.table import Table
 from rldojo.config import TrainConfig
 from rldojo.report.metrics import MetricsLogger
 from rldojo.store.checkpoint import latest_checkpoint
-from rldojo.train.trainer import Trainer, write_atomically
+from rldojo.store.files import write_atomically
+from rldojo.train.heldout import log_eval, save_eval_rows
+from rldojo.train.trainer import Trainer
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -112,15 +117,13 @@ def run_training(
     try:
         if config.eval.tasks and "before" not in trainer.evals:
             result = trainer.evaluate("before")
-            _report_eval(console, "before", result)
-            logger.log(trainer.step_num, result.metrics(), kind="eval")
+            log_eval(console, logger, run_dir, "before", trainer.step_num, result)
         _train_steps(config, trainer, logger, console)
         # Evaluated before the final checkpoint, which keeps the result: a run resumed
         # from that checkpoint has nothing left to do (and logs nothing twice).
         if config.eval.tasks and (trainer.step_num > start or "after" not in trainer.evals):
             result = trainer.evaluate("after")
-            _report_eval(console, "after", result)
-            logger.log(trainer.step_num, result.metrics(), kind="eval")
+            log_eval(console, logger, run_dir, "after", trainer.step_num, result)
         trainer.save()
         summary = _summary(config, trainer, time.perf_counter() - started)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -151,21 +154,14 @@ def _train_steps(
                 _step_line(trainer.step_num, metrics, trainer.pass_threshold), soft_wrap=True
             )
             if config.eval.every and trainer.step_num % config.eval.every == 0:
-                result = trainer.evaluate(f"step_{trainer.step_num}")
+                label = f"step_{trainer.step_num}"
+                result = trainer.evaluate(label)
                 logger.log(trainer.step_num, result.metrics(), kind="eval")
+                save_eval_rows(trainer.run_dir, label, result)
             every = config.run.checkpoint_every  # after the step's logs and evaluation
             if every and trainer.step_num % every == 0 and trainer.step_num < config.run.steps:
                 trainer.save()
             progress.update(bar, completed=trainer.step_num)
-
-
-def _report_eval(console: Console, label: str, result: Any) -> None:
-    lo, hi = result.ci95
-    console.print(
-        f"held-out accuracy ({label}): [bold]{result.accuracy:.1%}[/] "
-        f"({result.n} tasks, greedy; 95% CI {lo:.1%}-{hi:.1%}); statuses {result.statuses}",
-        soft_wrap=True,
-    )
 
 
 def _trainable(model: Any) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import random
 import time
 import warnings
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 
 from rldojo.config import TrainConfig, dump_config
-from rldojo.eval.harness import EvalResult, evaluate
+from rldojo.eval.harness import EvalResult
 from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.models import check_model, load_model
 from rldojo.policy.training_model import (
@@ -47,9 +46,11 @@ from rldojo.rollout.mixture import MixtureGrader
 from rldojo.rollout.sources import RolloutSource, make_source
 from rldojo.rollout.tasks import TaskSampler
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rldojo.store.files import write_atomically
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
+from rldojo.train.heldout import eval_record, heldout_eval
 from rldojo.train.preflight import build_mixture, env_entries, pass_threshold
 from rldojo.train.resources import resolve_resources
 from rldojo.train.step_metrics import (
@@ -60,14 +61,6 @@ from rldojo.train.step_metrics import (
 )
 from rldojo.train.update import PolicyUpdate, token_advantages
 from rldojo.types import SamplingParams, Task
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text` in one step (a temp file, then rename): a crash leaves the
-    old file or the new one, never half of either."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -307,27 +300,9 @@ class Trainer:
 
     def evaluate(self, label: str) -> EvalResult:
         """Greedy accuracy on the held-out tasks; stored under `label` in the run state."""
-        max_new = self.config.eval.max_new_tokens or self.config.sampling.max_new_tokens
-        greedy = SamplingParams(max_new_tokens=max_new, temperature=0.0, seed=0)
-        result = self._loop.run_until_complete(
-            evaluate(
-                self.make_env,
-                self.grader,
-                self.policy,
-                self.test_tasks,
-                greedy,
-                seed=self.config.run.seed,
-                grade_timeout_s=self.config.rollout.grade_timeout_s,
-                pass_threshold=self.pass_threshold,
-            )
-        )
-        self.evals[label] = {
-            "accuracy": result.accuracy,
-            "ci95": result.ci95,
-            "n": result.n,
-            "mean_reward": result.mean_reward,
-            "statuses": result.statuses,
-        }
+        result = heldout_eval(self.config, self.make_env, self.grader, self.policy,
+                              self.test_tasks, self.pass_threshold, self._loop)  # fmt: skip
+        self.evals[label] = eval_record(result)
         return result
 
     def save(self) -> Path:

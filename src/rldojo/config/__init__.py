@@ -2,7 +2,8 @@
 
 A training config is a TOML file whose tables match the sections below (`[model]`,
 `[env]`, `[grader]`, `[sampling]`, `[rollout]`, `[loss]`, `[curriculum]`, `[optim]`,
-`[eval]`, `[run]`); every key is optional and documented once, here. Unknown keys are
+`[eval]`, `[run]`, and `[sft]` for `rldojo sft` in `rldojo.config.sft`); every key is
+optional and documented once, where it is defined. Unknown keys are
 errors (typos must not silently fall back to defaults). Every error is one line naming
 the file and the key, e.g. `my.toml: loss.rho: Input should be less than or equal to 1`.
 """
@@ -13,17 +14,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message is one line naming file and key."""
-
-
-class _Section(BaseModel):
-    # strict: `lr = "1e-5"` (a string) or `steps = 2.0` is an error, not silently coerced;
-    # an integer is still a valid float, and a TOML array a valid tuple.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+from rldojo.config.base import ConfigError, _Section
+from rldojo.config.sft import SftConfig
 
 
 class LoraSection(_Section):
@@ -322,6 +316,8 @@ class TrainConfig(_Section):
     """Held-out greedy evaluation."""
     run: RunConfig = Field(default_factory=RunConfig)
     """Steps, seed, output, checkpoints, threads, cluster, trackers."""
+    sft: SftConfig = Field(default_factory=SftConfig)
+    """Supervised fine-tuning on demonstrations (`rldojo sft`); unused by `rldojo train`."""
 
 
 def _parse_value(text: str) -> Any:
