@@ -18,4 +18,6 @@ COMMAND_MODULES = (
     "rldojo.commands.dashboard",
     "rldojo.commands.export",
     "rldojo.commands.service",
+    "rldojo.commands.sft",
+    "rldojo.commands.demos",
 )

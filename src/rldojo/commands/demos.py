@@ -1,0 +1,150 @@
+"""`rldojo demos`: expert or teacher demonstrations of an environment, as JSONL for SFT.
+
+    rldojo demos ENV --n N --out demos.jsonl [--env-kwargs JSON] [--split train] [--seed 0]
+                 [--teacher http://host:port/v1#model] [--samples K] [--temperature 0.7]
+                 [--max-new-tokens 256] [--keep passed|all] [--api-key KEY]
+
+Without `--teacher`, the env's expert plays (`rldojo.envs.experts`); with it, the endpoint
+does, and only episodes the env's grader passes are kept (up to `--samples` attempts per
+task). Each line is one demo record (`rldojo.rollout.demos`); the file is replaced in one
+step when the collection is done. Bad input (unknown env, an env without an expert, bad
+`--env-kwargs`, an `--out` that cannot be written) is one line, before any episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add `rldojo demos` to the app."""
+    app.command("demos")(demos)
+
+
+def _env_kwargs(text: str) -> dict[str, Any]:
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--env-kwargs is not valid JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--env-kwargs must be a JSON object, got {type(kwargs).__name__}")
+    return kwargs
+
+
+def _check_out(out: Path) -> None:
+    """Fail now, not after the episodes, when `out` cannot be written."""
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory")
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--out {out}: {parent} is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}."):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _write_jsonl(out: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
+    os.replace(tmp, out)  # a crash leaves the old file or the new one, never half
+
+
+async def _collect(o: dict[str, Any], kwargs: dict[str, Any]) -> tuple[list[dict], Any]:
+    from rldojo.rollout.demos import Teacher, collect_demos
+
+    teacher = None
+    if o["teacher"]:
+        key = o["api_key"] or os.environ.get("OPENAI_API_KEY", "EMPTY")
+        teacher = Teacher.from_spec(
+            o["teacher"], api_key=key, temperature=o["temperature"],
+            max_tokens=o["max_new_tokens"],
+        )  # fmt: skip
+    try:
+        return await collect_demos(
+            o["env"], kwargs, n=o["n"], split=o["split"], seed=o["seed"],
+            actor=teacher or "expert", samples=o["samples"], keep=o["keep"],
+            pass_threshold=o["pass_threshold"], max_turns=o["max_turns"],
+            concurrency=o["concurrency"],
+        )  # fmt: skip
+    finally:
+        if teacher is not None:
+            await teacher.aclose()
+
+
+def _print(console: Any, o: dict[str, Any], s: dict[str, Any], source: str) -> None:
+    from rich.table import Table
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    title = f"{o['env']} demos by {source} ({o['split']} split)"
+    table = Table(title=title, min_width=len(title) + 4)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in (
+        ("tasks", str(s["tasks"])),
+        ("episodes", str(s["episodes"])),
+        ("passed", f"{s['passed']} ({s['tasks_passed']} tasks)"),
+        ("kept", str(s["kept"])),
+        ("mean score", num(s["mean_score"])),
+        ("mean turns", num(s["mean_turns"])),
+        ("mean tool calls", num(s["mean_tool_calls"])),
+        ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items())) or "-"),
+    ):
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"wrote {s['kept']} demos to {o['out']}")
+
+
+def demos(
+    env: Annotated[str, typer.Argument(help="Environment id, e.g. crm-v1")],
+    n: Annotated[int, typer.Option("--n", help="Tasks of the split to play")] = 100,
+    out: Annotated[Path, typer.Option(help="Demo records (JSONL)")] = Path("demos.jsonl"),
+    env_kwargs: Annotated[str, typer.Option(help="JSON kwargs for the environment")] = "{}",
+    split: Annotated[str, typer.Option()] = "train",
+    seed: Annotated[int, typer.Option(help="Task seed; episode seeds follow from it")] = 0,
+    teacher: Annotated[
+        str | None, typer.Option(help="Teacher endpoint http://host:port/v1#model-name")
+    ] = None,
+    samples: Annotated[int, typer.Option(help="Attempts per task (rejection sampling)")] = 1,
+    temperature: Annotated[float, typer.Option(help="Teacher sampling temperature")] = 0.7,
+    max_new_tokens: Annotated[int, typer.Option(help="Teacher tokens per turn")] = 256,
+    keep: Annotated[str, typer.Option(help="passed: passing episodes only; all")] = "passed",
+    pass_threshold: Annotated[
+        float | None, typer.Option(help="Pass at this score when the grader has no 'correct'")
+    ] = None,
+    max_turns: Annotated[int, typer.Option(help="Assistant turns per episode at most")] = 32,
+    concurrency: Annotated[int, typer.Option(help="Episodes played at once")] = 8,
+    api_key: Annotated[
+        str | None, typer.Option(help="Teacher key (default $OPENAI_API_KEY)")
+    ] = None,
+) -> None:
+    """Play an env with its expert (or a teacher endpoint) and write graded demos as JSONL."""
+    from rldojo.commands.ui import console, fail, user_errors
+
+    o = dict(locals())
+    errors: tuple[type[Exception], ...] = (*user_errors(), ValueError)
+    try:
+        if keep not in ("passed", "all"):
+            raise ValueError(f"--keep must be 'passed' or 'all', got {keep!r}")
+        if n < 1 or samples < 1 or max_turns < 1:
+            raise ValueError("--n, --samples and --max-turns must be >= 1")
+        kwargs = _env_kwargs(env_kwargs)
+        _check_out(out)
+        records, stats = asyncio.run(_collect(o, kwargs))
+    except errors as exc:
+        fail(str(exc))
+        return
+    _write_jsonl(out, records)
+    source = f"teacher:{teacher.partition('#')[2]}" if teacher else "expert"
+    _print(console, o, stats.as_dict(), source)

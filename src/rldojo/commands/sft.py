@@ -1,0 +1,51 @@
+"""`rldojo sft`: supervised fine-tuning on demonstrations, the cold start before RL.
+
+    rldojo demos crm-v1 --n 300 --out demos.jsonl --env-kwargs '{"levels": [1, 2]}'
+    rldojo sft examples/agentic_crm.toml --data demos.jsonl
+    rldojo train examples/agentic_crm.toml \
+        --set model.name=runs/agentic-crm-sft/checkpoints/step_000038
+
+The config is the one `rldojo train` reads (`[model]`, `[optim]`, `[eval]`, `[env]`,
+`[run]`) plus its `[sft]` section (`rldojo.config.sft`); the run directory is
+`run.output_dir/run.name` with `-sft` appended to the name. See `rldojo.train.sft`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sft")(sft)
+
+
+def sft(
+    config: Annotated[Path | None, typer.Argument(help="TOML config (as for rldojo train)")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Demonstrations (JSONL, from rldojo demos)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override, e.g. sft.epochs=3")
+    ] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: per [run])")] = None,
+) -> None:
+    """Fine-tune on demonstrations: loss on assistant tokens only, the RL tokenisation."""
+    from rldojo.commands.ui import console, fail, user_errors
+    from rldojo.config import ConfigError, load_config
+    from rldojo.train.sft import run_sft
+
+    source = str(config) if config is not None else "defaults"
+    try:
+        cfg = load_config(config, set_ or [])
+        if run_dir is None and cfg.run.name:
+            run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-sft"
+        run_sft(cfg, data, run_dir=run_dir, console=console)
+    except ConfigError as exc:
+        fail(str(exc))
+    except user_errors() as exc:  # a data error names its file; the others are the config's
+        from rldojo.data.loading import DataError
+
+        fail(str(exc) if isinstance(exc, DataError) else f"{source}: {exc}")

@@ -1,0 +1,96 @@
+"""`rldojo demos`: expert demos to JSONL, a teacher endpoint, and one-line input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rldojo.cli import app
+from rldojo.envs.experts import expert_for
+from rldojo.envs.registry import make_env
+from rldojo.serve.engine import ScriptedEngine
+from rldojo.serve.server import start_server
+
+runner = CliRunner()
+
+
+def _one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert len(lines) == 1, result.output
+    assert all(needle in lines[0] for needle in needles), lines[0]
+
+
+def test_expert_demos_of_arith_tools_are_five_passing_lines(tmp_path):
+    out = tmp_path / "demos.jsonl"
+    result = runner.invoke(app, ["demos", "arith-tools-v1", "--n", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 5 and all(r["passed"] and r["status"] == "ok" for r in rows)
+    assert {r["source"] for r in rows} == {"expert"} and [r["turns"] for r in rows] == [2] * 5
+    assert [r["seed"] for r in rows] == list(range(5))
+    assert rows[0]["tools"][0]["function"]["name"] == "calculator"
+    assert "passed" in result.output and "mean tool calls" in result.output
+    assert not list(tmp_path.glob(".demos.jsonl*"))  # the temp file was renamed away
+
+
+def test_keep_all_writes_the_lost_games_too(tmp_path):
+    out = tmp_path / "games.jsonl"
+    args = ["demos", "tictactoe-v1", "--n", "20", "--out", str(out), "--keep", "all",
+            "--env-kwargs", '{"opponent_depth": 0}']  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 20 and sum(r["passed"] for r in rows) == 19  # measured
+
+
+def test_teacher_demos_through_an_endpoint(tmp_path):
+    kwargs = {"levels": [1], "python": "off"}
+    tasks = make_env("arith-tools-v1", **kwargs).tasks("train", n=3)
+    by_prompt, expert = {t.prompt: t for t in tasks}, expert_for("arith-tools-v1")
+
+    def reply(request):
+        task = by_prompt[request.messages[1]["content"]]
+        return expert.act(request.messages, task) if task is not tasks[1] else "<answer>7</answer>"
+
+    out = tmp_path / "t.jsonl"
+    with start_server(ScriptedEngine(reply, model="big")) as server:
+        result = runner.invoke(app, [
+            "demos", "arith-tools-v1", "--n", "3", "--out", str(out), "--teacher",
+            f"{server.url}#big", "--samples", "2", "--env-kwargs", json.dumps(kwargs),
+            "--api-key", "local",
+        ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == [tasks[0].id, tasks[2].id]
+    assert {r["source"] for r in rows} == {"teacher:big"}
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["nope-v1"], ["unknown environment 'nope-v1'"]),
+        (["arith-v1"], ["arith-v1 has no expert", "crm-v1"]),
+        (["crm-v1", "--env-kwargs", "{levels: [1]}"], ["--env-kwargs is not valid JSON"]),
+        (["crm-v1", "--env-kwargs", "[1]"], ["--env-kwargs must be a JSON object"]),
+        (["crm-v1", "--env-kwargs", '{"levels": [9]}'], ["levels"]),
+        (["crm-v1", "--keep", "some"], ["--keep must be 'passed' or 'all'"]),
+        (["crm-v1", "--teacher", "http://127.0.0.1:1/v1"], ["#model-name"]),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needles):
+    out = tmp_path / "demos.jsonl"
+    result = runner.invoke(app, ["demos", *args, "--n", "2", "--out", str(out)])
+    _one_line_error(result, *needles)
+    assert not out.exists()
+
+
+def test_an_out_that_cannot_be_written_fails_before_any_episode(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(app, ["demos", "crm-v1", "--out", str(blocker / "d.jsonl")])
+    _one_line_error(result, "--out", "is not a directory")
+    result = runner.invoke(app, ["demos", "crm-v1", "--out", str(tmp_path)])
+    _one_line_error(result, "is a directory")

@@ -1,0 +1,64 @@
+"""The two-stage recipe of every `examples/agentic_*.toml` works as its comment says:
+`rldojo demos` -> `rldojo sft` -> `rldojo train` from the SFT checkpoint (on tiny-random,
+one step of each)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rldojo.cli import app
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TINY = ["model.name=tiny-random", "eval.tasks=2", "sampling.max_new_tokens=8",
+        "eval.max_new_tokens=8", "run.report_to=[]", "run.threads=1"]  # fmt: skip
+
+
+def _sets(*items: str) -> list[str]:
+    return [a for item in items for a in ("--set", item)]
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("agentic_*.toml")), ids=lambda p: p.name)
+def test_demos_then_sft_then_rl_from_the_sft_checkpoint(path, tmp_path):
+    config = tomllib.loads(path.read_text())
+    env_id, kwargs = config["env"]["id"], config["env"].get("kwargs", {})
+    comment = path.read_text().split("\n[")[0]
+    assert (
+        f"rldojo demos {env_id}" in comment
+        and f"rldojo sft {path.relative_to(EXAMPLES.parent)}" in comment
+    )
+    runner = CliRunner()
+    demos = tmp_path / "demos.jsonl"
+    result = runner.invoke(app, ["demos", env_id, "--n", "3", "--out", str(demos),
+                                 "--env-kwargs", json.dumps(kwargs)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in demos.read_text().splitlines()]
+    assert lines and all(x["passed"] and x["env"] == env_id for x in lines)
+    out = f"run.output_dir={tmp_path}"
+    result = runner.invoke(app, ["sft", str(path), "--data", str(demos),
+                                 *_sets(*TINY, out, "sft.epochs=1")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    sft_dir = tmp_path / f"{config['run']['name']}-sft"
+    summary = json.loads((sft_dir / "summary.json").read_text())
+    assert summary["demonstrations"] == len(lines) and summary["steps"] == 1
+    assert set(summary["evals"]) == {"before", "after"}
+    checkpoint = summary["checkpoint"]
+    # the comment's checkpoint name is the one this recipe writes at full size
+    steps = -(-int(re.search(r"--n (\d+)", comment).group(1)) // config["sft"]["batch_size"])
+    assert f"step_{steps * config['sft']['epochs']:06d}" in comment
+    result = runner.invoke(app, ["train", str(path), *_sets(*TINY, out, "run.steps=1",
+                                 f"model.name={checkpoint}", "rollout.prompts_per_step=2",
+                                 "rollout.group_size=2")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rl = json.loads((tmp_path / config["run"]["name"] / "summary.json").read_text())
+    assert rl["model"] == checkpoint and rl["steps"] == 1
+    before = (tmp_path / config["run"]["name"] / "evals" / "before.jsonl").read_text()
+    assert [json.loads(x)["task_id"] for x in before.splitlines()] == [
+        json.loads(x)["task_id"]
+        for x in (sft_dir / "evals" / "after.jsonl").read_text().splitlines()
+    ]  # both stages evaluate the same held-out tasks: paired comparisons
