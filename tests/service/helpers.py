@@ -34,8 +34,10 @@ def wait_for(condition, timeout_s: float = 120.0, what: str = "condition", every
 
 
 class ServiceProcess:
-    def __init__(self, data_dir: Path, *extra: str) -> None:
-        env = dict(os.environ, RLDOJO_API_KEYS=f"{KEY_A},{KEY_B}", PYTHONUNBUFFERED="1")
+    def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        env = dict(
+            os.environ, **(env or {}), RLDOJO_API_KEYS=f"{KEY_A},{KEY_B}", PYTHONUNBUFFERED="1"
+        )
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -128,6 +130,18 @@ MULTI = {
 
 FAST = {"batch_size": 2, "n_epochs": 1, "compute_multiplier": 0.5, "reasoning_effort": "low"}
 
+SFT_ROWS = [
+    {
+        "messages": [
+            {"role": "system", "content": "Answer with one word."},
+            {"role": "user", "content": f"Say {w}."},
+            {"role": "assistant", "content": w},
+        ]
+    }
+    for w in ("yes", "no", "red", "blue")
+]
+"""OpenAI chat fine-tuning rows (supervised jobs)."""
+
 
 def upload(client: openai.OpenAI, tmp_path: Path, rows=ROWS, name: str = "train.jsonl"):
     path = tmp_path / name
@@ -146,6 +160,25 @@ def create_job(client, file_id: str, grader=STRING_CHECK, hyper=FAST, **kw):
         },
         **kw,
     )
+
+
+def create_sft_job(client, file_id: str, hyper=None, **kw):
+    return client.fine_tuning.jobs.create(
+        model="tiny-random",
+        training_file=file_id,
+        method={"type": "supervised", "supervised": {"hyperparameters": hyper or {}}},
+        **kw,
+    )
+
+
+def results(client, job) -> list[list[str]]:
+    """The job's results file (`result_files[0]`) as CSV rows, header first."""
+    import csv
+
+    (file_id,) = job.result_files
+    meta = client.files.retrieve(file_id)
+    assert meta.purpose == "fine-tune-results" and meta.filename == "step_metrics.csv"
+    return list(csv.reader(client.files.content(file_id).text.splitlines()))
 
 
 def wait_status(client, job_id: str, *statuses: str, timeout_s: float = 180.0):

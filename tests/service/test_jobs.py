@@ -10,9 +10,11 @@ from service.helpers import (
     KEY_B,
     MULTI,
     PYTHON,
+    ROWS,
     STRING_CHECK,
     alive,
     create_job,
+    results,
     upload,
     wait_for,
     wait_status,
@@ -52,6 +54,12 @@ def test_rft_job_succeeds_and_its_model_serves(service, tmp_path, grader):
     assert ckpts[1].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-1"
     assert "train_mean_reward" in ckpts[0].metrics.model_dump()
 
+    table = results(client, done)  # step_metrics.csv, one row per step
+    assert table[0] == ["step", "train_reward", "train_reward_std", "train_pass_rate",
+                        "valid_reward", "valid_accuracy"]  # fmt: skip
+    assert [r[0] for r in table[1:]] == ["1", "2"] and all(r[1] != "" for r in table[1:])
+    assert all(r[4] == r[5] == "" for r in table[1:])  # no validation file
+
     models = {m.id for m in client.models.list().data}
     assert {"tiny-random", done.fine_tuned_model, ckpts[1].fine_tuned_model_checkpoint} <= models
     if grader is PYTHON:  # serve the model and a checkpoint (once: loading costs time)
@@ -74,6 +82,26 @@ def test_rft_job_succeeds_and_its_model_serves(service, tmp_path, grader):
             )
         with pytest.raises(openai.NotFoundError):
             other.models.retrieve(done.fine_tuned_model)
+
+
+def test_rft_validation_file_is_evaluated_every_interval(service, tmp_path):
+    client = service.client()
+    train = upload(client, tmp_path)
+    valid = upload(client, tmp_path, ROWS[:2], "valid.jsonl")
+    job = create_job(client, train.id, validation_file=valid.id)
+    done = wait_status(client, job.id, "succeeded", "failed")
+    assert done.status == "succeeded", done.error
+    assert done.validation_file == valid.id
+    assert done.method.reinforcement.hyperparameters.eval_samples == 2  # auto: every row
+    events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
+    evals = [e for e in events if e.type == "metrics" and "eval_accuracy" in e.data]
+    assert {e.data["step"] for e in evals} >= {0, 1, 2}  # before training, then each step
+    assert all(0.0 <= e.data["eval_accuracy"] <= 1.0 for e in evals)
+    table = results(client, done)
+    by_step = {r[0]: r for r in table[1:]}
+    assert set(by_step) == {"0", "1", "2"}
+    assert all(by_step[s][5] != "" for s in by_step)  # valid_accuracy at every step
+    assert by_step["0"][1] == ""  # step 0 is the evaluation before training
 
 
 def test_cancel_stops_the_worker_and_leaves_no_process(service, tmp_path):

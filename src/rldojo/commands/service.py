@@ -1,4 +1,4 @@
-"""`rldojo service`: the OpenAI-compatible reinforcement fine-tuning service (`rldojo.service`)."""
+"""`rldojo service`: the OpenAI-compatible fine-tuning service (`rldojo.service`)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,18 @@ def service(
     job_threads: Annotated[
         int | None, typer.Option("--job-threads", help="torch threads per job (default: all)")
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="Run reinforcement jobs' rollout workers on this Ray cluster (host:port, "
+            "ray://host:10001, auto); its nodes must read --data-dir at the same path. "
+            "Supervised jobs ignore it",
+        ),
+    ] = None,
 ) -> None:
-    """Serve OpenAI's fine-tuning API (files, RFT jobs, graders, models) under /v1."""
+    """Serve OpenAI's fine-tuning API (files, supervised and RFT jobs, graders, models)
+    under /v1."""
     from rldojo.commands.ui import console, fail
     from rldojo.service import ServiceSettings, load_api_keys, serve_forever
     from rldojo.service.settings import BUILTIN_BASE_MODELS
@@ -63,6 +73,7 @@ def service(
         base_models=tuple(models),
         max_loaded_models=max_loaded_models,
         job_threads=job_threads,
+        ray_address=ray_address,
     )
 
     def ready(handle: Any) -> None:

@@ -2,6 +2,7 @@
 
     POST   /v1/files                          multipart `file` + `purpose=fine-tune`
     GET    /v1/files, /v1/files/{id}, /v1/files/{id}/content;  DELETE /v1/files/{id}
+                                              (also a job's results, `fine-tune-results`)
     POST   /v1/fine_tuning/jobs               create (validated here, files at job start)
     GET    /v1/fine_tuning/jobs               newest first; `after` (a job id), `limit`
     GET    /v1/fine_tuning/jobs/{id}
@@ -77,7 +78,8 @@ def file_json(row: dict[str, Any]) -> dict[str, Any]:
 
 def job_json(row: dict[str, Any]) -> dict[str, Any]:
     method = row["method"]
-    hyper = dict(row["hyperparameters"] or method["reinforcement"]["hyperparameters"])
+    kind = method["type"]
+    hyper = dict(row["hyperparameters"] or method[kind]["hyperparameters"])
     hyper.pop("steps", None)
     shown = {
         k: hyper.get(k, "auto") for k in ("batch_size", "learning_rate_multiplier", "n_epochs")
@@ -92,7 +94,7 @@ def job_json(row: dict[str, Any]) -> dict[str, Any]:
         "hyperparameters": shown,
         "model": row["model"],
         "organization_id": ORGANIZATION,
-        "result_files": [],
+        "result_files": list(row.get("result_files") or []),
         "seed": row["seed"],
         "status": row["status"],
         "trained_tokens": row["trained_tokens"],
@@ -102,13 +104,7 @@ def job_json(row: dict[str, Any]) -> dict[str, Any]:
         "integrations": [],
         "metadata": row["metadata"] or None,
         "user_provided_suffix": row["suffix"],
-        "method": {
-            "type": method["type"],
-            "reinforcement": {
-                "grader": method["reinforcement"]["grader"],
-                "hyperparameters": hyper,
-            },
-        },
+        "method": {"type": kind, kind: {**method[kind], "hyperparameters": hyper}},
     }
 
 

@@ -2,9 +2,12 @@
 
 `parse_create(body, ...)` checks `POST /v1/fine_tuning/jobs` (model allowed, files owned,
 method, grader spec loadable, hyperparameters typed) and raises `ApiError(400)` naming
-the field. `resolve_hyperparameters` turns OpenAI's reinforcement hyperparameters, `"auto"`
-included, into numbers (reported back in the job object); `train_config` maps them onto
-rldojo's `TrainConfig`:
+the field. A request without `method` is supervised (OpenAI's default), with the legacy
+top-level `hyperparameters`.
+
+Reinforcement (`method.type = "reinforcement"`): `resolve_hyperparameters` turns OpenAI's
+hyperparameters, `"auto"` included, into numbers (reported back in the job object);
+`train_config` maps them onto rldojo's `TrainConfig` (`rldojo train`):
 
     batch_size               rollout.prompts_per_step     auto: min(8, training rows)
     n_epochs                 run.steps = ceil(n_epochs x rows / batch_size)   auto: 1
@@ -14,6 +17,20 @@ rldojo's `TrainConfig`:
     eval_interval            eval.every and run.checkpoint_every (steps)      auto: 1
     eval_samples             eval.tasks: held-out rows evaluated (validation file only)
                                                                            auto: all, at most 32
+
+With `ray_address` (`rldojo service --ray-address`) the job's rollout workers run on that
+Ray cluster (`run.cluster = "ray"`, `run.ray_address`).
+
+Supervised (`method.type = "supervised"`): `resolve_supervised` and `sft_config` map them
+onto the `[sft]` section (`rldojo sft`, `rldojo.train.sft.run_sft`):
+
+    n_epochs                 sft.epochs                                       auto: 3
+    batch_size               sft.batch_size (examples per optimizer step)     auto: min(16, rows)
+    learning_rate_multiplier sft.lr = 5e-5 x multiplier                       auto: 1.0
+    (steps reported)         n_epochs x ceil(rows / batch_size)
+
+Every row trains (`sft.only_passed = false`), no held-out environment (`eval.tasks = 0`);
+a validation file gives the loss on its rows after training (`full_valid_loss`).
 """
 
 from __future__ import annotations
@@ -31,7 +48,13 @@ from rldojo.service.rft_env import ENV_ID
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
 
-__all__ = ["parse_create", "resolve_hyperparameters", "train_config"]
+__all__ = [
+    "parse_create",
+    "resolve_hyperparameters",
+    "resolve_supervised",
+    "sft_config",
+    "train_config",
+]
 
 _HYPER = {
     "batch_size": int,
@@ -42,26 +65,30 @@ _HYPER = {
     "eval_samples": int,
     "reasoning_effort": str,
 }
+_SUPERVISED = {"batch_size": int, "n_epochs": int, "learning_rate_multiplier": float}
 _EFFORT_TOKENS = {"low": 32, "medium": 64, "default": 64, "high": 128}
 _SUFFIX = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 BASE_LR = 2e-5
+SFT_BASE_LR = 5e-5
 
 
 def _bad(message: str, param: str) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value")
 
 
-def _hyperparameters(raw: Any) -> dict[str, Any]:
+def _hyperparameters(
+    raw: Any, known: Mapping[str, type] = _HYPER, where: str = "method.reinforcement"
+) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise _bad("hyperparameters: expected an object", "method.reinforcement.hyperparameters")
+        raise _bad(f"{where}.hyperparameters: expected an object", f"{where}.hyperparameters")
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        param = f"method.reinforcement.hyperparameters.{key}"
-        if key not in _HYPER:
-            raise _bad(f"{param}: unknown hyperparameter (known: {', '.join(_HYPER)})", param)
-        kind = _HYPER[key]
+        param = f"{where}.hyperparameters.{key}"
+        if key not in known:
+            raise _bad(f"{param}: unknown hyperparameter (known: {', '.join(known)})", param)
+        kind = known[key]
         if value is None or value == "auto":
             continue
         if key == "reasoning_effort":
@@ -92,9 +119,39 @@ def _grader(spec: Any) -> dict[str, Any]:
 
 
 def _file(state: ServiceState, owner: str, file_id: Any, param: str) -> str:
-    if not isinstance(file_id, str) or state.file(owner, file_id) is None:
+    row = state.file(owner, file_id) if isinstance(file_id, str) else None
+    if row is None:
         raise _bad(f"{param}: no such file: {file_id!r}", param)
-    return file_id
+    if row["purpose"] != "fine-tune":
+        raise _bad(f"{param}: {file_id} has purpose {row['purpose']!r}, not 'fine-tune'", param)
+    return str(file_id)
+
+
+def _method(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The checked `method` (the grader loaded, hyperparameters typed)."""
+    method = body.get("method")
+    if method is None:  # OpenAI's default: supervised, legacy top-level hyperparameters
+        method = {
+            "type": "supervised",
+            "supervised": {"hyperparameters": body.get("hyperparameters")},
+        }
+    if not isinstance(method, Mapping) or "type" not in method:
+        raise _bad("method: expected {'type': 'supervised' | 'reinforcement', ...}", "method")
+    kind = method["type"]
+    if kind not in ("supervised", "reinforcement"):
+        raise _bad(
+            f"method.type: {kind!r} is not supported; use 'supervised' or 'reinforcement'",
+            "method.type",
+        )
+    section = method.get(kind) or ({} if kind == "supervised" else None)
+    if not isinstance(section, Mapping):
+        raise _bad(f"method.{kind}: missing", f"method.{kind}")
+    if kind == "supervised":
+        hyper = _hyperparameters(section.get("hyperparameters"), _SUPERVISED, "method.supervised")
+        return {"type": kind, kind: {"hyperparameters": hyper}}
+    grader = _grader(section.get("grader"))
+    hyper = _hyperparameters(section.get("hyperparameters"))
+    return {"type": kind, kind: {"grader": grader, "hyperparameters": hyper}}
 
 
 def parse_create(
@@ -121,24 +178,7 @@ def parse_create(
         for k, v in metadata.items()
     ):
         raise _bad("metadata: expected string keys (<=64) and string values (<=512)", "metadata")
-    method = body.get("method")
-    if not isinstance(method, Mapping) or "type" not in method:
-        raise _bad("method: expected {'type': 'reinforcement', 'reinforcement': {...}}", "method")
-    if method["type"] == "supervised":
-        raise _bad(
-            "method.type: 'supervised' is not available yet on this service (rldojo sft has "
-            "not landed); use 'reinforcement'",
-            "method.type",
-        )
-    if method["type"] != "reinforcement":
-        raise _bad(
-            f"method.type: {method['type']!r} is not supported; use 'reinforcement'", "method.type"
-        )
-    rft = method.get("reinforcement")
-    if not isinstance(rft, Mapping):
-        raise _bad("method.reinforcement: missing", "method.reinforcement")
-    grader = _grader(rft.get("grader"))
-    hyper = _hyperparameters(rft.get("hyperparameters"))
+    method = _method(body)
     return {
         "model": model,
         "training_file": training,
@@ -146,10 +186,7 @@ def parse_create(
         "suffix": suffix,
         "seed": seed,
         "metadata": dict(metadata),
-        "method": {
-            "type": "reinforcement",
-            "reinforcement": {"grader": grader, "hyperparameters": hyper},
-        },
+        "method": method,
     }
 
 
@@ -175,8 +212,10 @@ def train_config(
     paths: Mapping[str, Any],
     jobs_dir: Path,
     threads: int | None,
+    ray_address: str | None = None,
 ) -> TrainConfig:
-    """The rldojo config a job trains with; `paths` holds the stored files and names."""
+    """The rldojo config a reinforcement job trains with; `paths` holds the stored files
+    and names; `ray_address`: rollout workers on that Ray cluster."""
     validation = paths.get("validation_path")
     grader = job["method"]["reinforcement"]["grader"]
     return TrainConfig.model_validate(
@@ -204,6 +243,50 @@ def train_config(
                 "output_dir": str(jobs_dir),
                 "name": job["id"],
                 "checkpoint_every": hyper["eval_interval"],
+                "report_to": [],
+                **({"threads": threads} if threads else {}),
+                **({"cluster": "ray", "ray_address": ray_address} if ray_address else {}),
+            },
+        }
+    )
+
+
+def resolve_supervised(asked: Mapping[str, Any], rows: int) -> dict[str, Any]:
+    """Supervised hyperparameters as values, `"auto"` resolved (module docstring)."""
+    batch = int(asked.get("batch_size") or min(16, rows))
+    epochs = int(asked.get("n_epochs") or 3)
+    return {
+        "batch_size": batch,
+        "n_epochs": epochs,
+        "learning_rate_multiplier": float(asked.get("learning_rate_multiplier") or 1.0),
+        "steps": epochs * math.ceil(rows / batch),
+    }
+
+
+def sft_config(
+    job: Mapping[str, Any],
+    hyper: Mapping[str, Any],
+    train_path: str,
+    jobs_dir: Path,
+    threads: int | None,
+) -> TrainConfig:
+    """The rldojo config a supervised job trains with (`run_sft` on `train_path`)."""
+    return TrainConfig.model_validate(
+        {
+            "model": {"name": job["model"]},
+            "sft": {
+                "data": train_path,
+                "epochs": hyper["n_epochs"],
+                "batch_size": hyper["batch_size"],
+                "lr": SFT_BASE_LR * hyper["learning_rate_multiplier"],
+                "only_passed": False,
+                "eval_before": False,
+            },
+            "eval": {"tasks": 0},
+            "run": {
+                "seed": job["seed"],
+                "output_dir": str(jobs_dir),
+                "name": job["id"],
                 "report_to": [],
                 **({"threads": threads} if threads else {}),
             },

@@ -1,19 +1,33 @@
-"""What runs inside a job's worker process: one rldojo training run in the job's run dir.
+"""What runs inside a job's worker process: one rldojo run in the job's run dir.
 
-`run_job(config_toml, run_dir)` is called by the scheduler through `rldojo.workers`
-(a fresh interpreter in its own process group, which dies with the service). A run
-directory that already holds `config.toml` is resumed from its newest checkpoint (a job
-re-queued after a restart, or resumed after a pause); the ledger means graded rollouts
-are not redone. The trainer's console goes to `RUN/train.log`.
+The scheduler calls these through `rldojo.workers` (a fresh interpreter in its own
+process group, which dies with the service); the console goes to `RUN/train.log`.
+
+`run_job(config_toml, run_dir)`: a reinforcement job, `rldojo.train.loop.run_training`.
+A run directory that already holds `config.toml` is resumed from its newest checkpoint
+(a job re-queued after a restart, or resumed after a pause); the ledger means graded
+rollouts are not redone.
+
+`run_sft_job(config_toml, run_dir, name, validation)`: a supervised job,
+`rldojo.train.sft.run_sft` on `sft.data`. SFT checkpoints only at its end, so an
+interrupted supervised job starts over: what an earlier attempt wrote (metrics,
+checkpoints, summary) is removed first (`clear_sft_run`; the scheduler calls it before
+the worker starts, so it never reads the old metrics as the new ones). With a
+validation file (`(path, name)`), the trained model's loss on it is written to
+`RUN/validation.json` (`rldojo.service.sft_data.validation_loss`).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_job", "trained_tokens"]
+__all__ = ["clear_sft_run", "run_job", "run_sft_job", "trained_tokens"]
+
+VALIDATION = "validation.json"
 
 
 def trained_tokens(run_dir: Path) -> int:
@@ -35,19 +49,26 @@ def trained_tokens(run_dir: Path) -> int:
         db.close()
 
 
+def _config(config_toml: str) -> Any:
+    from rldojo.config import load_config
+
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(config_toml)
+    try:
+        return load_config(f.name)
+    finally:
+        Path(f.name).unlink()
+
+
 def run_job(config_toml: str, run_dir: str) -> dict[str, Any]:
-    """Train (or resume) the job; returns the run's summary."""
+    """Train (or resume) the reinforcement job; returns the run's summary."""
     from rich.console import Console
 
-    from rldojo.config import load_config
     from rldojo.train.loop import run_training
 
     run = Path(run_dir)
     resume = (run / "config.toml").exists()
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write(config_toml)
-    config = load_config(f.name)
-    Path(f.name).unlink()
+    config = _config(config_toml)
     run.mkdir(parents=True, exist_ok=True)
     with (run / "train.log").open("a") as log:
         console = Console(file=log, width=120, force_terminal=False)
@@ -57,3 +78,50 @@ def run_job(config_toml: str, run_dir: str) -> dict[str, Any]:
         for k, v in summary.items()
         if k in ("steps", "wall_s", "mean_step_s", "rollouts", "rollouts_trained")
     }
+
+
+def clear_sft_run(run: Path) -> None:
+    """Remove what an earlier attempt of a supervised job wrote (it starts over)."""
+    for old in ("metrics.jsonl", "summary.json", VALIDATION):
+        (run / old).unlink(missing_ok=True)
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)
+
+
+def run_sft_job(
+    config_toml: str, run_dir: str, name: str | None, validation: tuple[str, str | None] | None
+) -> dict[str, Any]:
+    """Train the supervised job from the start (module docstring); returns its summary."""
+    from rich.console import Console
+
+    from rldojo.data.loading import DataError
+    from rldojo.service.sft_data import renamed, validation_loss
+    from rldojo.train.sft import run_sft
+
+    run = Path(run_dir)
+    config = _config(config_toml)
+    clear_sft_run(run)  # the scheduler did already; a direct call starts clean too
+    run.mkdir(parents=True, exist_ok=True)
+    stored = str(config.sft.data)
+    with (run / "train.log").open("a") as log:
+        console = Console(file=log, width=120, force_terminal=False)
+        try:
+            summary = run_sft(config, stored, run_dir=run, console=console)
+        except DataError as exc:  # name the uploaded file, not where it is stored
+            raise renamed(exc, stored, name or stored) from None
+    out = {
+        k: summary[k]
+        for k in ("steps", "wall_s", "demonstrations", "left_out", "loss_first", "loss_last")
+    }
+    if validation is not None:
+        valid = validation_loss(
+            summary["checkpoint"],
+            validation[0],
+            validation[1],
+            max_seq_len=config.sft.max_seq_len,
+            micro_batch_size=config.optim.micro_batch_size,
+            device=config.run.device,
+        )
+        valid["step"] = summary["steps"]
+        (run / VALIDATION).write_text(json.dumps(valid))
+        out["full_valid_loss"] = valid["full_valid_loss"]
+    return out

@@ -2,49 +2,56 @@
 
 One thread with its own event loop (`Scheduler.start`). Every `poll_s` it
 
-1. validates jobs in `validating_files` (`rldojo.service.rft_env.read_rft_rows`: every
-   row, with line numbers; the grader's `{{item.x}}` fields) and resolves the "auto"
-   hyperparameters: then `queued`, or `failed` with a one-line reason;
+1. validates jobs in `validating_files` (every row, with line numbers: reinforcement
+   rows by `rldojo.service.rft_env.read_rft_rows`, with the grader's `{{item.x}}`
+   fields; supervised rows by `rldojo.service.sft_data.read_sft_rows`) and resolves the
+   "auto" hyperparameters: then `queued`, or `failed` with a one-line reason;
 2. starts `queued` jobs, oldest first, while fewer than `max_concurrent_jobs` run: each
    in its own `rldojo.workers.WorkerProcess` (a fresh interpreter in its own process
-   group, which dies with the service) calling `rldojo.service.runner.run_job`;
+   group, which dies with the service) calling `rldojo.service.runner.run_job`
+   (reinforcement) or `run_sft_job` (supervised);
 3. turns what running jobs write in their run directories into events (each step's
-   reward, evaluations) and checkpoints (`RUN/checkpoints/step_N`).
+   reward or loss, evaluations) and checkpoints (`rldojo.service.watch`);
+4. on success, stores the results CSV as a file listed in the job's `result_files`
+   (`rldojo.service.results`).
 
 Cancel and pause change the job's status in SQLite first, then `stop(job_id)` kills its
 worker's process group and waits for it to be reaped. At start-up, jobs the previous
 service left `running` are queued again; their run directories resume from the newest
 checkpoint (`rldojo train --resume`), so a `kill -9` of the service costs at most the
-step in flight.
+step in flight; a supervised job, which checkpoints only at its end, starts over.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rldojo.config import dump_config
 from rldojo.data.loading import DataError
-from rldojo.service.job_spec import resolve_hyperparameters, train_config
+from rldojo.service.job_spec import (
+    resolve_hyperparameters,
+    resolve_supervised,
+    sft_config,
+    train_config,
+)
+from rldojo.service.results import sft_trained_tokens, write_results_file
 from rldojo.service.rft_env import read_rft_rows
-from rldojo.service.runner import run_job, trained_tokens
+from rldojo.service.runner import clear_sft_run, run_job, run_sft_job, trained_tokens
 from rldojo.service.settings import ServiceSettings
-from rldojo.service.state import ServiceState, new_id
+from rldojo.service.sft_data import read_sft_rows
+from rldojo.service.state import ServiceState
+from rldojo.service.watch import RunWatcher, model_name
 from rldojo.workers import CallError, WorkerDied, WorkerProcess
 
 __all__ = ["Scheduler", "model_name"]
 
 log = logging.getLogger("rldojo.service")
-
-
-def model_name(job: dict[str, Any]) -> str:
-    """`ft:<base>:<suffix>:<job id>` (the suffix may be empty, as on OpenAI)."""
-    return f"ft:{job['model']}:{job['suffix'] or ''}:{job['id']}"
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -59,7 +66,7 @@ class Scheduler:
         self.jobs_dir = settings.data_dir / "jobs"
         self._workers: dict[str, WorkerProcess] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._seen: dict[str, dict[str, Any]] = {}
+        self.watcher = RunWatcher(state)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -122,7 +129,7 @@ class Scheduler:
             if current is not None and current["status"] != "running":  # paused, cancelled
                 self.stop(job_id, f"job {current['status']}")
             elif current is not None:
-                self._watch(current)
+                self.watcher.watch(current)
         for job in self.state.jobs_in("queued"):
             if len(self.running()) >= self.settings.max_concurrent_jobs:
                 break
@@ -148,19 +155,24 @@ class Scheduler:
         }
 
     def _validate(self, job: dict[str, Any]) -> None:
-        spec = job["method"]["reinforcement"]["grader"]
+        method = job["method"]
         try:
             paths = self._paths(job)
-            rows = read_rft_rows(paths["train_path"], paths["name"], spec)
-            val_rows = []
-            if paths["validation_path"]:
-                val_rows = read_rft_rows(paths["validation_path"], paths["validation_name"], spec)
+            train, val = paths["train_path"], paths["validation_path"]
+            if method["type"] == "supervised":
+                rows = len(read_sft_rows(train, paths["name"]))
+                val_rows = len(read_sft_rows(val, paths["validation_name"])) if val else 0
+                hyper = resolve_supervised(method["supervised"]["hyperparameters"], rows)
+            else:
+                spec = method["reinforcement"]["grader"]
+                rows = len(read_rft_rows(train, paths["name"], spec))
+                val_rows = len(read_rft_rows(val, paths["validation_name"], spec)) if val else 0
+                hyper = resolve_hyperparameters(
+                    method["reinforcement"]["hyperparameters"], rows, val_rows
+                )
         except (DataError, OSError) as exc:
             self._fail(job["id"], "invalid_file", f"{exc}", ("validating_files",))
             return
-        hyper = resolve_hyperparameters(
-            job["method"]["reinforcement"]["hyperparameters"], len(rows), len(val_rows)
-        )
         if self.state.update_job(
             job["id"],
             hyperparameters=hyper,
@@ -170,7 +182,7 @@ class Scheduler:
         ):
             self.state.add_event(
                 job["id"],
-                f"Files validated: {len(rows)} training rows, {len(val_rows)} "
+                f"Files validated: {rows} training rows, {val_rows} "
                 f"validation rows; {hyper['steps']} steps",
                 data={"hyperparameters": hyper},
             )
@@ -185,25 +197,36 @@ class Scheduler:
 
     # ---------------------------------------------------------------- running
 
+    def _work(self, job: dict[str, Any], run_dir: Path) -> tuple[Callable[..., Any], tuple]:
+        """What the job's worker calls: the runner function and its arguments."""
+        paths, hyper, threads = self._paths(job), job["hyperparameters"], self.settings.job_threads
+        if job["method"]["type"] == "supervised":
+            cfg = sft_config(job, hyper, paths["train_path"], self.jobs_dir, threads)
+            val = paths["validation_path"]
+            validation = (val, paths["validation_name"]) if val else None
+            return run_sft_job, (dump_config(cfg), str(run_dir), paths["name"], validation)
+        cfg = train_config(job, hyper, paths, self.jobs_dir, threads, self.settings.ray_address)
+        return run_job, (dump_config(cfg), str(run_dir))
+
     def _launch(self, job: dict[str, Any]) -> None:
         job_id = job["id"]
+        run_dir = self.jobs_dir / job_id
         try:
-            cfg = train_config(
-                job,
-                job["hyperparameters"],
-                self._paths(job),
-                self.jobs_dir,
-                self.settings.job_threads,
-            )
+            fn, args = self._work(job, run_dir)
         except Exception as exc:  # a stored job that no longer makes a config
             self._fail(job_id, "invalid_config", f"{type(exc).__name__}: {exc}", ("running",))
             return
-        run_dir = self.jobs_dir / job_id
         self.state.update_job(job_id, run_dir=str(run_dir), attempts=job["attempts"] + 1)
-        resumed = (run_dir / "config.toml").exists()
-        self.state.add_event(
-            job_id, "Fine-tuning job resumed" if resumed else "Fine-tuning job started"
-        )
+        if not (run_dir / "config.toml").exists():
+            started = "Fine-tuning job started"
+        elif job["method"]["type"] == "supervised":
+            clear_sft_run(run_dir)  # before the watcher reads the run directory again
+            started = "Fine-tuning job restarted from its first step (supervised jobs save "
+            started += "their checkpoint at the end)"
+        else:
+            started = "Fine-tuning job resumed"
+        self.watcher.reset(job_id)
+        self.state.add_event(job_id, started)
         worker = WorkerProcess(
             f"job-{job_id}",
             start_timeout_s=self.settings.worker_start_timeout_s,
@@ -212,14 +235,19 @@ class Scheduler:
         with self._lock:
             self._workers[job_id] = worker
         self._tasks[job_id] = asyncio.get_running_loop().create_task(
-            self._run(job_id, worker, dump_config(cfg), run_dir)
+            self._run(job_id, worker, fn, args, run_dir)
         )
 
-    async def _run(self, job_id: str, worker: WorkerProcess, toml: str, run_dir: Path) -> None:
+    async def _run(
+        self,
+        job_id: str,
+        worker: WorkerProcess,
+        fn: Callable[..., Any],
+        args: tuple,
+        run_dir: Path,
+    ) -> None:
         try:
-            summary = await worker.call(
-                run_job, (toml, str(run_dir)), timeout_s=None, label=f"job {job_id}"
-            )
+            summary = await worker.call(fn, args, timeout_s=None, label=f"job {job_id}")
         except CallError as exc:
             self._fail(
                 job_id, "training_error", f"{exc.args[0] if exc.args else exc}", ("running",)
@@ -232,7 +260,7 @@ class Scheduler:
             job = self.state.job(None, job_id)
             try:
                 if job is not None:
-                    self._watch(job)
+                    self.watcher.watch(job, final=True)
             finally:
                 if job is not None:
                     self._succeed(job, summary, run_dir)
@@ -243,96 +271,37 @@ class Scheduler:
             self._tasks.pop(job_id, None)
 
     def _succeed(self, job: dict[str, Any], summary: dict[str, Any], run_dir: Path) -> None:
+        supervised = job["method"]["type"] == "supervised"
+        current = self.state.job(None, job["id"])
+        if current is None or current["status"] != "running":  # cancelled meanwhile
+            return
+        try:
+            results = [write_results_file(self.state, self.settings.data_dir / "files", job)]
+        except (OSError, ValueError, KeyError) as exc:  # the model is still good
+            log.exception("results file of %s", job["id"])
+            self.state.add_event(job["id"], f"No results file: {exc}", level="warn")
+            results = []
         done = self.state.update_job(
             job["id"],
             status="succeeded",
             fine_tuned_model=model_name(job),
             finished_at=int(time.time()),
-            trained_tokens=trained_tokens(run_dir),
+            trained_tokens=sft_trained_tokens(run_dir) if supervised else trained_tokens(run_dir),
+            result_files=results,
+            steps=int(summary.get("steps") or job["steps"]) if supervised else job["steps"],
             only_from=("running",),
         )
-        if done:
+        if not done:
+            return
+        too_long = (summary.get("left_out") or {}).get("too_long")
+        if supervised and too_long:
             self.state.add_event(
                 job["id"],
-                f"The job has successfully completed: {model_name(job)}",
-                data={"summary": summary},
+                f"{too_long} training examples longer than sft.max_seq_len tokens were left out",
+                level="warn",
             )
-
-    # ---------------------------------------------------------------- watching
-
-    def _seen_for(self, job_id: str) -> dict[str, Any]:
-        if job_id not in self._seen:
-            keys = {
-                (e["data"].get("kind"), e["data"].get("step"))
-                for e in self.state.events(job_id)
-                if e["type"] == "metrics"
-            }
-            self._seen[job_id] = {"keys": keys, "offset": 0}
-        return self._seen[job_id]
-
-    def _watch(self, job: dict[str, Any]) -> None:
-        """New metric lines become events, new checkpoint directories checkpoints."""
-        if not job.get("run_dir"):
-            return
-        run_dir = Path(job["run_dir"])
-        seen = self._seen_for(job["id"])
-        path = run_dir / "metrics.jsonl"
-        step_metrics: dict[int, dict[str, Any]] = seen.setdefault("steps", {})
-        if path.exists():
-            with path.open("rb") as f:
-                f.seek(seen["offset"])
-                data = f.read()
-            whole = data[: data.rfind(b"\n") + 1]  # a line being written: next time
-            seen["offset"] += len(whole)
-            for line in whole.decode().splitlines():
-                self._metric_event(job, json.loads(line), seen, step_metrics)
-        for ckpt in sorted((run_dir / "checkpoints").glob("step_*")):
-            if (ckpt / "state.json").exists():
-                self._checkpoint(job, ckpt, step_metrics)
-
-    def _metric_event(
-        self,
-        job: dict[str, Any],
-        record: dict[str, Any],
-        seen: dict[str, Any],
-        step_metrics: dict[int, dict[str, Any]],
-    ) -> None:
-        kind, step = record.get("kind", "train"), int(record.get("step", 0))
-        if kind == "train":
-            data = {
-                "step": step,
-                "train_mean_reward": record.get("reward/mean"),
-                "train_pass_rate": record.get("reward/pass_rate"),
-                "total_steps": job["steps"],
-            }
-            message = f"Step {step}/{job['steps']}: mean reward {data['train_mean_reward']}"
-        else:
-            data = {"step": step, "eval_accuracy": record.get("eval/accuracy")}
-            message = f"Evaluation at step {step}: accuracy {data['eval_accuracy']}"
-        step_metrics.setdefault(step, {}).update({k: v for k, v in data.items() if k != "step"})
-        if (kind, step) in seen["keys"]:
-            return
-        seen["keys"].add((kind, step))
-        self.state.add_event(job["id"], message, kind="metrics", data={"kind": kind, **data})
-
-    def _checkpoint(self, job: dict[str, Any], ckpt: Path, step_metrics: dict[int, Any]) -> None:
-        step = int(ckpt.name.split("_")[1])
-        name = f"{model_name(job)}:ckpt-step-{step}"
-        added = self.state.add_checkpoint(
-            {
-                "id": new_id("ftckpt"),
-                "job_id": job["id"],
-                "owner": job["owner"],
-                "step": step,
-                "metrics": {"step": step, **step_metrics.get(step, {})},
-                "path": str(ckpt),
-                "model": name,
-                "created_at": int(time.time()),
-            }
+        self.state.add_event(
+            job["id"],
+            f"The job has successfully completed: {model_name(job)}",
+            data={"summary": summary},
         )
-        if added:
-            self.state.add_event(
-                job["id"],
-                f"Checkpoint created at step {step}: {name}",
-                data={"step": step, "checkpoint": name},
-            )

@@ -40,6 +40,10 @@ class ServiceSettings:
     """How long a job's worker process may take to start."""
     poll_s: float = 0.25
     """How often the scheduler looks at queued jobs and running jobs' run directories."""
+    ray_address: str | None = None
+    """A Ray cluster (`host:port`, `ray://host:10001`, `auto`) for reinforcement jobs'
+    rollout workers (`run.cluster = "ray"`, `run.ray_address`); None: in the job's worker.
+    Supervised jobs ignore it (SFT has no rollouts)."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment variables for job workers (tests pass `RLDOJO_CACHE` this way)."""
 

@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     training_file TEXT, validation_file TEXT, suffix TEXT, seed INTEGER, metadata TEXT,
     method TEXT, hyperparameters TEXT, status TEXT, created_at INTEGER,
     finished_at INTEGER, error TEXT, fine_tuned_model TEXT, trained_tokens INTEGER,
-    run_dir TEXT, attempts INTEGER DEFAULT 0, steps INTEGER);
+    run_dir TEXT, attempts INTEGER DEFAULT 0, steps INTEGER, result_files TEXT);
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE, job_id TEXT, created_at INTEGER,
     level TEXT, message TEXT, type TEXT, data TEXT);
@@ -56,7 +56,15 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE INDEX IF NOT EXISTS events_job ON events (job_id, seq);
 """
 
-_JSON_COLUMNS = ("metadata", "method", "hyperparameters", "error", "data", "metrics")
+_JSON_COLUMNS = (
+    "metadata",
+    "method",
+    "hyperparameters",
+    "error",
+    "data",
+    "metrics",
+    "result_files",
+)
 
 
 def new_id(prefix: str) -> str:
@@ -87,6 +95,9 @@ class ServiceState:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            columns = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)").fetchall()}
+            if "result_files" not in columns:  # a data dir from before result files
+                self._db.execute("ALTER TABLE jobs ADD COLUMN result_files TEXT")
 
     def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         with self._lock:
