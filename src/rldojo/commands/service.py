@@ -47,6 +47,25 @@ def service(
             "Supervised jobs ignore it",
         ),
     ] = None,
+    judge_base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--judge-base-url",
+            help="OpenAI-compatible endpoint (e.g. `rldojo serve`) that answers model graders "
+            "(score_model, label_model) for the model their spec names; without it they are "
+            "a 400",
+        ),
+    ] = None,
+    judge_api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--judge-api-key",
+            envvar="RLDOJO_JUDGE_API_KEY",
+            show_envvar=True,
+            help="API key of --judge-base-url (never stored, logged or shown to callers; "
+            "prefer the environment variable, which `ps` does not show)",
+        ),
+    ] = None,
 ) -> None:
     """Serve OpenAI's fine-tuning API (files, supervised and RFT jobs, graders, models)
     under /v1."""
@@ -58,6 +77,8 @@ def service(
         keys = load_api_keys(api_keys_file)
     except ValueError as exc:
         fail(str(exc))
+    if judge_base_url and not judge_base_url.startswith(("http://", "https://")):
+        fail(f"--judge-base-url {judge_base_url}: expected an http:// or https:// URL")
     if not keys:
         fail("no API keys: set RLDOJO_API_KEYS=key1,key2 or pass --api-keys-file FILE")
     models = list(BUILTIN_BASE_MODELS)
@@ -74,6 +95,8 @@ def service(
         max_loaded_models=max_loaded_models,
         job_threads=job_threads,
         ray_address=ray_address,
+        judge_base_url=judge_base_url or None,
+        judge_api_key=(judge_api_key or None) if judge_base_url else None,
     )
 
     def ready(handle: Any) -> None:

@@ -11,6 +11,8 @@ Bottom to top:
 - `state`: SQLite (files, jobs, events, checkpoints), written before each reply.
 - `rft_env`: the environment over RFT JSONL rows (checked with line numbers).
 - `sft_data`: supervised chat rows checked as demonstrations; the validation loss.
+- `judge`: grader specs checked for the service; the operator's judge endpoint
+  (`--judge-base-url`) for model graders, its key kept out of every file.
 - `job_spec`: a create request checked, hyperparameters resolved, the `TrainConfig`.
 - `runner`: what a job's worker process runs (`run_training` or `run_sft` in the job's
   run dir).

@@ -11,7 +11,9 @@
 
 Engines load on first use (in a thread, so the API keeps answering) and are kept in an
 LRU cache of `max_loaded_models`. Python graders run in the sandbox (`PythonGrader`
-always does); a failed grade is a reward of 0 with its error flag set, never a 500.
+always does); model graders ask the service's judge endpoint (`--judge-base-url`,
+`rldojo.service.judge`; without one they are a 400); a failed grade is a reward of 0
+with its error flag set, never a 500.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from rldojo.serve.app import (
     _stream_response,
 )
 from rldojo.serve.engine import TransformersEngine
-from rldojo.service.errors import ApiError, not_found
+from rldojo.service.errors import not_found
+from rldojo.service.judge import load_grader
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
 from rldojo.store.checkpoint import latest_checkpoint
@@ -111,15 +114,17 @@ def _grade_json(grader: Any, score: Any, wall_s: float) -> dict[str, Any]:
     failed = score.status != "ok"
     detail = score.explanation if failed else None
     python = getattr(grader.grader, "type", "") == "python"
+    judged = getattr(grader.grader, "type", "") in ("score_model", "label_model")
     invalid = score.status == "invalid"
+    server = failed and judged and not invalid  # the judge endpoint failed or timed out
     errors = {
         "formula_parse_error": False,
         "invalid_variable_error": invalid,
         "model_grader_parse_error": False,
         "model_grader_refusal_error": False,
-        "model_grader_server_error": False,
-        "model_grader_server_error_details": None,
-        "other_error": failed and not python and not invalid,
+        "model_grader_server_error": server,
+        "model_grader_server_error_details": detail if server else None,
+        "other_error": failed and not python and not judged and not invalid,
         "python_grader_runtime_error": failed and python and not invalid,
         "python_grader_runtime_error_details": detail if python else None,
         "python_grader_server_error": False,
@@ -142,17 +147,6 @@ def _grade_json(grader: Any, score: Any, wall_s: float) -> dict[str, Any]:
             "type": getattr(grader.grader, "type", ""),
         },
     }
-
-
-def _load_grader(spec: Any) -> Any:
-    from rldojo.graders.specs.loading import GraderSpecError, load
-
-    if not isinstance(spec, dict):
-        raise ApiError(400, "grader: expected an OpenAI grader object", param="grader")
-    try:
-        return load(spec, cache=False)
-    except (GraderSpecError, ValueError) as exc:
-        raise ApiError(400, f"grader: {exc}", param="grader") from None
 
 
 class _GraderIn(BaseModel):
@@ -245,7 +239,7 @@ def models_router(
 
     @r.post("/fine_tuning/alpha/graders/validate")
     async def validate(body: _GraderIn, who: str = Depends(owner)) -> dict[str, Any]:
-        grader = await asyncio.to_thread(_load_grader, body.grader)
+        grader = await asyncio.to_thread(load_grader, body.grader, settings, "grader")
         await grader.close()
         return {"grader": body.grader}
 
@@ -253,7 +247,7 @@ def models_router(
     async def run(body: _GraderIn, who: str = Depends(owner)) -> dict[str, Any]:
         from rldojo.graders.offline import GradeRow, row_task_rollout
 
-        grader = await asyncio.to_thread(_load_grader, body.grader)
+        grader = await asyncio.to_thread(load_grader, body.grader, settings, "grader")
         try:
             row = GradeRow(1, dict(body.item), {"output_text": body.model_sample}, {})
             task, rollout = row_task_rollout(row)

@@ -19,7 +19,10 @@ hyperparameters, `"auto"` included, into numbers (reported back in the job objec
                                                                            auto: all, at most 32
 
 With `ray_address` (`rldojo service --ray-address`) the job's rollout workers run on that
-Ray cluster (`run.cluster = "ray"`, `run.ray_address`).
+Ray cluster (`run.cluster = "ray"`, `run.ray_address`). With a judge endpoint
+(`--judge-base-url`), `grader.spec` is the wrapper ``{grader, judge, cache = false}``
+whose judge table names the endpoint and `RLDOJO_JUDGE_API_KEY`, never the key
+(`rldojo.service.judge`).
 
 Supervised (`method.type = "supervised"`): `resolve_supervised` and `sft_config` map them
 onto the `[sft]` section (`rldojo sft`, `rldojo.train.sft.run_sft`):
@@ -42,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from rldojo.config import TrainConfig
-from rldojo.graders.specs.common import GraderSpecError
 from rldojo.service.errors import ApiError
+from rldojo.service.judge import validate_grader
 from rldojo.service.rft_env import ENV_ID
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
@@ -102,20 +105,9 @@ def _hyperparameters(
     return out
 
 
-def _grader(spec: Any) -> dict[str, Any]:
-    from rldojo.graders.specs.loading import load
-
-    param = "method.reinforcement.grader"
-    if not isinstance(spec, Mapping):
-        raise _bad(f"{param}: missing (an OpenAI grader object)", param)
-    try:
-        grader = load(dict(spec), cache=False)
-    except (GraderSpecError, ValueError) as exc:
-        raise _bad(f"{param}: {exc}", param) from None
-    import asyncio
-
-    asyncio.run(grader.close())
-    return dict(spec)
+def _grader(spec: Any, settings: ServiceSettings) -> dict[str, Any]:
+    """The grader spec, once it loads with the service's judge (`rldojo.service.judge`)."""
+    return validate_grader(spec, settings, "method.reinforcement.grader")
 
 
 def _file(state: ServiceState, owner: str, file_id: Any, param: str) -> str:
@@ -127,7 +119,7 @@ def _file(state: ServiceState, owner: str, file_id: Any, param: str) -> str:
     return str(file_id)
 
 
-def _method(body: Mapping[str, Any]) -> dict[str, Any]:
+def _method(body: Mapping[str, Any], settings: ServiceSettings) -> dict[str, Any]:
     """The checked `method` (the grader loaded, hyperparameters typed)."""
     method = body.get("method")
     if method is None:  # OpenAI's default: supervised, legacy top-level hyperparameters
@@ -149,7 +141,7 @@ def _method(body: Mapping[str, Any]) -> dict[str, Any]:
     if kind == "supervised":
         hyper = _hyperparameters(section.get("hyperparameters"), _SUPERVISED, "method.supervised")
         return {"type": kind, kind: {"hyperparameters": hyper}}
-    grader = _grader(section.get("grader"))
+    grader = _grader(section.get("grader"), settings)
     hyper = _hyperparameters(section.get("hyperparameters"))
     return {"type": kind, kind: {"grader": grader, "hyperparameters": hyper}}
 
@@ -178,7 +170,7 @@ def parse_create(
         for k, v in metadata.items()
     ):
         raise _bad("metadata: expected string keys (<=64) and string values (<=512)", "metadata")
-    method = _method(body)
+    method = _method(body, settings)
     return {
         "model": model,
         "training_file": training,
@@ -213,16 +205,21 @@ def train_config(
     jobs_dir: Path,
     threads: int | None,
     ray_address: str | None = None,
+    judge: Mapping[str, Any] | None = None,
 ) -> TrainConfig:
     """The rldojo config a reinforcement job trains with; `paths` holds the stored files
-    and names; `ray_address`: rollout workers on that Ray cluster."""
+    and names; `ray_address`: rollout workers on that Ray cluster; `judge`: the judge
+    table model graders use (`rldojo.service.judge.judge_table`, without the key)."""
     validation = paths.get("validation_path")
     grader = job["method"]["reinforcement"]["grader"]
+    spec: dict[str, Any] = {"grader": grader, "cache": False}
+    if judge is not None:
+        spec["judge"] = dict(judge)
     return TrainConfig.model_validate(
         {
             "model": {"name": job["model"]},
             "env": {"id": ENV_ID, "kwargs": {k: v for k, v in paths.items() if v is not None}},
-            "grader": {"spec": {"grader": grader, "cache": False}},
+            "grader": {"spec": spec},
             "sampling": {
                 "max_new_tokens": _EFFORT_TOKENS[hyper["reasoning_effort"]],
                 "temperature": 1.0,

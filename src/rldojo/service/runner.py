@@ -3,7 +3,9 @@
 The scheduler calls these through `rldojo.workers` (a fresh interpreter in its own
 process group, which dies with the service); the console goes to `RUN/train.log`.
 
-`run_job(config_toml, run_dir)`: a reinforcement job, `rldojo.train.loop.run_training`.
+`run_job(config_toml, run_dir, judge_api_key)`: a reinforcement job,
+`rldojo.train.loop.run_training`; the judge key (`--judge-api-key`) arrives as an
+argument and goes into the worker's environment, never into `config.toml`.
 A run directory that already holds `config.toml` is resumed from its newest checkpoint
 (a job re-queued after a restart, or resumed after a pause); the ledger means graded
 rollouts are not redone.
@@ -20,6 +22,7 @@ validation file (`(path, name)`), the trained model's loss on it is written to
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -60,11 +63,17 @@ def _config(config_toml: str) -> Any:
         Path(f.name).unlink()
 
 
-def run_job(config_toml: str, run_dir: str) -> dict[str, Any]:
-    """Train (or resume) the reinforcement job; returns the run's summary."""
+def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) -> dict[str, Any]:
+    """Train (or resume) the reinforcement job; returns the run's summary. `judge_api_key`
+    goes into this worker's environment (`RLDOJO_JUDGE_API_KEY`), where the judge table
+    of the config's grader spec says to read it (and the processes it starts inherit it)."""
     from rich.console import Console
 
+    from rldojo.service.judge import JUDGE_KEY_ENV
     from rldojo.train.loop import run_training
+
+    if judge_api_key:
+        os.environ[JUDGE_KEY_ENV] = judge_api_key
 
     run = Path(run_dir)
     resume = (run / "config.toml").exists()

@@ -9,7 +9,8 @@ One thread with its own event loop (`Scheduler.start`). Every `poll_s` it
 2. starts `queued` jobs, oldest first, while fewer than `max_concurrent_jobs` run: each
    in its own `rldojo.workers.WorkerProcess` (a fresh interpreter in its own process
    group, which dies with the service) calling `rldojo.service.runner.run_job`
-   (reinforcement) or `run_sft_job` (supervised);
+   (reinforcement; model graders ask `--judge-base-url`, the key passed as an argument,
+   never written to the run's config) or `run_sft_job` (supervised);
 3. turns what running jobs write in their run directories into events (each step's
    reward or loss, evaluations) and checkpoints (`rldojo.service.watch`);
 4. on success, stores the results CSV as a file listed in the job's `result_files`
@@ -40,6 +41,7 @@ from rldojo.service.job_spec import (
     sft_config,
     train_config,
 )
+from rldojo.service.judge import checked_spec, judge_table
 from rldojo.service.results import sft_trained_tokens, write_results_file
 from rldojo.service.rft_env import read_rft_rows
 from rldojo.service.runner import clear_sft_run, run_job, run_sft_job, trained_tokens
@@ -205,8 +207,13 @@ class Scheduler:
             val = paths["validation_path"]
             validation = (val, paths["validation_name"]) if val else None
             return run_sft_job, (dump_config(cfg), str(run_dir), paths["name"], validation)
-        cfg = train_config(job, hyper, paths, self.jobs_dir, threads, self.settings.ray_address)
-        return run_job, (dump_config(cfg), str(run_dir))
+        # still accepted by this service (it may have restarted with other options)
+        checked_spec(job["method"]["reinforcement"]["grader"], self.settings, "grader")
+        judge = judge_table(self.settings, with_key=False)  # the key goes as an argument
+        cfg = train_config(
+            job, hyper, paths, self.jobs_dir, threads, self.settings.ray_address, judge
+        )
+        return run_job, (dump_config(cfg), str(run_dir), self.settings.judge_api_key)
 
     def _launch(self, job: dict[str, Any]) -> None:
         job_id = job["id"]

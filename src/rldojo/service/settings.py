@@ -3,7 +3,7 @@
 The CLI (`rldojo.commands.service`) fills it from its options; tests build it directly.
 API keys come from `RLDOJO_API_KEYS` (comma-separated) and/or `--api-keys-file` (one key
 per line, `#` comments); a key is never stored, only its SHA-256 (the owner of what the
-key creates).
+key creates). The judge endpoint's key (`judge_api_key`) is never stored either.
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ class ServiceSettings:
     """A Ray cluster (`host:port`, `ray://host:10001`, `auto`) for reinforcement jobs'
     rollout workers (`run.cluster = "ray"`, `run.ray_address`); None: in the job's worker.
     Supervised jobs ignore it (SFT has no rollouts)."""
+    judge_base_url: str | None = None
+    """An OpenAI-compatible endpoint answering model graders (`score_model`, `label_model`,
+    `rubric`, `group_judge`) for the model each spec names (`rldojo.service.judge`);
+    None: such graders are a 400."""
+    judge_api_key: str | None = field(default=None, repr=False)
+    """The judge endpoint's API key (`--judge-api-key`, `RLDOJO_JUDGE_API_KEY`); never
+    written to a job, event, config or log."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment variables for job workers (tests pass `RLDOJO_CACHE` this way)."""
 
