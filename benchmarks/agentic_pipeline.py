@@ -1,0 +1,205 @@
+"""Agentic RL that learns: base -> SFT on expert demonstrations -> SFT + RL, measured.
+
+For each environment (`arith-tools-v1`, `crm-v1`, `tictactoe-v1`) this runs the
+two-stage recipe of `examples/agentic_*.toml` with the commands a user types:
+
+    rldojo demos ENV --n N --out OUT/ENV/demos.jsonl --env-kwargs '<[env] kwargs>'
+    rldojo sft examples/agentic_X.toml --data OUT/ENV/demos.jsonl    (evaluates base, SFT)
+    rldojo train examples/agentic_X.toml --set model.name=<SFT checkpoint>   (SFT, SFT+RL)
+
+and reads the per-task held-out outcomes the runs write (`RUN/evals/*.jsonl`, greedy, the
+same test tasks in every stage) to report per stage the success rate with its Wilson 95%
+interval, and the paired comparisons base -> SFT and SFT -> SFT+RL on the same tasks
+(exact McNemar; paired bootstrap of the difference). Also recorded: each stage's wall
+time, the demonstrations' pass rate, SFT loss first/last, the machine (CPU flags, load).
+
+Usage: python benchmarks/agentic_pipeline.py [--envs arith-tools-v1 crm-v1 tictactoe-v1]
+           [--demos 200] [--set key=value ...] [--out runs/agentic-pipeline]
+Writes benchmarks/results/agentic_<env>.json (one file per environment, written when its
+pipeline ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from machine_load import cpu_flags, load_average  # benchmarks/ is on sys.path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).parent / "results"
+CONFIGS = {
+    "arith-tools-v1": ROOT / "examples" / "agentic_arith_tools.toml",
+    "crm-v1": ROOT / "examples" / "agentic_crm.toml",
+    "tictactoe-v1": ROOT / "examples" / "agentic_tictactoe.toml",
+}
+
+
+def _rldojo(args: list[str], log: Path) -> float:
+    """Run one rldojo command (output appended to `log`); its wall time in seconds."""
+    started = time.perf_counter()
+    with log.open("a") as f:
+        f.write(f"\n$ rldojo {' '.join(args)}\n")
+        f.flush()
+        proc = subprocess.run(
+            [sys.executable, "-m", "rldojo.cli", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            check=False,
+        )
+    if proc.returncode != 0:
+        raise SystemExit(f"rldojo {args[0]} failed (exit {proc.returncode}); see {log}")
+    return time.perf_counter() - started
+
+
+def _outcomes(run_dir: Path, label: str) -> dict[str, bool]:
+    rows = [json.loads(x) for x in (run_dir / "evals" / f"{label}.jsonl").read_text().splitlines()]
+    return {r["task_id"]: bool(r["passed"]) for r in rows}
+
+
+def _rate(outcomes: dict[str, bool]) -> dict[str, Any]:
+    from rldojo.eval.harness import wilson_interval
+
+    k, n = sum(outcomes.values()), len(outcomes)
+    lo, hi = wilson_interval(k, n)
+    return {"passed": k, "n": n, "rate": k / max(n, 1), "ci95": [lo, hi]}
+
+
+def _paired(a: dict[str, bool], b: dict[str, bool]) -> dict[str, Any]:
+    from rldojo.eval.stats import mcnemar, paired_bootstrap
+
+    common = sorted(set(a) & set(b))
+    xa, xb = [a[t] for t in common], [b[t] for t in common]
+    m = mcnemar(xa, xb)
+    boot = paired_bootstrap([float(x) for x in xa], [float(x) for x in xb], seed=0)
+    return {
+        "n": len(common),
+        "diff": boot.diff,
+        "diff_ci95": list(boot.ci),
+        "bootstrap_p": boot.p_value,
+        "mcnemar": {"a_only": m.a_only, "b_only": m.b_only, "p_value": m.p_value},
+    }
+
+
+def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> dict[str, Any]:
+    config = CONFIGS[env_id]
+    data = tomllib.loads(config.read_text())
+    name = data["run"]["name"]
+    work = out / env_id
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "log.txt"
+    sets = [f"run.output_dir={work}", *overrides]
+    set_args = [a for s in sets for a in ("--set", s)]
+    demo_file = work / "demos.jsonl"
+    kwargs = json.dumps(data["env"].get("kwargs", {}))
+    started, load_start = time.perf_counter(), load_average()
+    t_demos = _rldojo(
+        [
+            "demos",
+            env_id,
+            "--n",
+            str(demos),
+            "--out",
+            str(demo_file),
+            "--env-kwargs",
+            kwargs,
+            "--keep",
+            "all",
+        ],
+        log,
+    )
+    lines = [json.loads(x) for x in demo_file.read_text().splitlines()]
+    t_sft = _rldojo(["sft", str(config), "--data", str(demo_file), *set_args], log)
+    sft_dir = work / f"{name}-sft"
+    sft = json.loads((sft_dir / "summary.json").read_text())
+    rl_sets = [*set_args, "--set", f"model.name={sft['checkpoint']}"]
+    t_rl = _rldojo(["train", str(config), *rl_sets], log)
+    rl_dir = work / name
+    rl = json.loads((rl_dir / "summary.json").read_text())
+    base, after_sft = _outcomes(sft_dir, "before"), _outcomes(sft_dir, "after")
+    before_rl, after_rl = _outcomes(rl_dir, "before"), _outcomes(rl_dir, "after")
+    return {
+        "env": env_id,
+        "config": str(config.relative_to(ROOT)),
+        "overrides": overrides,
+        "demos": {
+            "episodes": len(lines),
+            "passed": sum(bool(x["passed"]) for x in lines),
+            "trained_on": sft["demonstrations"],
+            "left_out": sft["left_out"],
+        },
+        "sft": {
+            "steps": sft["steps"],
+            "loss_first": sft["loss_first"],
+            "loss_last": sft["loss_last"],
+            "assistant_tokens": sft["assistant_tokens"],
+        },
+        "rl": {
+            "steps": rl["steps"],
+            "mean_step_s": rl["mean_step_s"],
+            "rollouts": rl["rollouts"],
+            "statuses": rl["statuses"],
+        },
+        "success": {
+            "base": _rate(base),
+            "sft": _rate(after_sft),
+            "sft_rl": _rate(after_rl),
+            "sft_reevaluated_by_train": _rate(before_rl),
+        },
+        "paired": {
+            "base_to_sft": _paired(base, after_sft),
+            "sft_to_sft_rl": _paired(after_sft, after_rl),
+        },
+        "wall_s": {
+            "demos": t_demos,
+            "sft": t_sft,
+            "rl": t_rl,
+            "total": time.perf_counter() - started,
+        },
+        "machine": {
+            "cpu_flags": cpu_flags(),
+            "cores": os.cpu_count(),
+            "load_start": load_start,
+            "load_end": load_average(),
+        },
+        "runs": {"sft": str(sft_dir), "rl": str(rl_dir)},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--demos", type=int, default=200, help="expert episodes per env")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="override for both stages, e.g. run.steps=8",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "agentic-pipeline")
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    for env_id in args.envs:
+        result = run_pipeline(env_id, args.demos, args.overrides, args.out)
+        path = RESULTS / f"agentic_{env_id.split('-v')[0].replace('-', '_')}.json"
+        path.write_text(json.dumps(result, indent=2))
+        s, p = result["success"], result["paired"]["sft_to_sft_rl"]
+        mcnemar_p = p["mcnemar"]["p_value"]
+        print(
+            f"{env_id}: base {s['base']['rate']:.1%} -> SFT {s['sft']['rate']:.1%} -> "
+            f"SFT+RL {s['sft_rl']['rate']:.1%} (SFT->RL McNemar p={mcnemar_p:.3g}); "
+            f"{result['wall_s']['total'] / 60:.1f} min -> {path}"
+        )
+
+
+if __name__ == "__main__":
+    main()
