@@ -34,8 +34,9 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from rldojo.train.loop import new_run_dir
 from rldojo.train.preflight import build_mixture, pass_threshold
 from rldojo.train.resources import resolve_resources
 from rldojo.train.trainer import lr_lambda, seed_everything
+from rldojo.train.update import autocast_context
 from rldojo.types import Message, Rollout
 
 __all__ = ["Demo", "read_demos", "run_sft", "sft_schedule", "sft_step", "tokenize_demos"]
@@ -167,10 +169,10 @@ def sft_step(
     micro_batches: Sequence[Sequence[int]],
     *,
     pad_id: int,
-    autocast: Any,
+    autocast: Callable[[], Any],
 ) -> tuple[float, int]:
     """Accumulate the gradient of one step's mean assistant-token NLL (no optimizer step);
-    returns `(loss, assistant tokens)`."""
+    `autocast` makes each forward's precision context. Returns `(loss, assistant tokens)`."""
     total = sum(sum(rollouts[i].policy_mask) for mb in micro_batches for i in mb)
     device = next(model.parameters()).device
     loss_sum = torch.zeros((), device=device)
@@ -178,7 +180,7 @@ def sft_step(
     for mb in micro_batches:
         batch = build_token_batch([rollouts[i] for i in mb], pad_id).to(device)
         where = batch.policy_mask  # [M, T]
-        with autocast:
+        with autocast():
             if split:
                 logits = selected_logits(model, batch, where, share_prefix=False)  # [N, V]
             else:
@@ -189,16 +191,6 @@ def sft_step(
         (nll / max(total, 1)).backward()
         loss_sum += nll.detach()
     return float(loss_sum) / max(total, 1), total
-
-
-def _autocast(config: TrainConfig, device: torch.device) -> Any:
-    from contextlib import nullcontext
-
-    from rldojo.policy.device import autocast_device_type
-
-    if config.model.autocast_bf16 is True:
-        return torch.autocast(autocast_device_type(device), dtype=torch.bfloat16)
-    return nullcontext()
 
 
 def run_sft(
@@ -268,7 +260,7 @@ def run_sft(
         )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         losses: list[float] = []
-        autocast = _autocast(cfg, device)
+        autocast = partial(autocast_context, cfg, device)
         for k, micro_batches in enumerate(steps, start=1):
             t0 = time.perf_counter()
             loss, tokens = sft_step(model, demo_set.rollouts, micro_batches, pad_id=pad_id,

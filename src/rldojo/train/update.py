@@ -53,6 +53,14 @@ def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) 
     return out
 
 
+def autocast_context(config: TrainConfig, device: torch.device) -> Any:
+    """bf16 autocast on `device` when `model.autocast_bf16` resolved to true, else none:
+    the precision of every training forward (the policy update and SFT)."""
+    if config.model.autocast_bf16 is True:  # resolved from "auto" by resolve_resources
+        return torch.autocast(autocast_device_type(device), dtype=torch.bfloat16)
+    return nullcontext()
+
+
 class PolicyUpdate:
     """Owns nothing but references: the trained model, the KL reference, the optimizer."""
 
@@ -64,9 +72,7 @@ class PolicyUpdate:
         self.device = model_device(model)
 
     def _autocast(self) -> Any:
-        if self.config.model.autocast_bf16 is True:  # resolved from "auto" by the trainer
-            return torch.autocast(autocast_device_type(self.device), dtype=torch.bfloat16)
-        return nullcontext()
+        return autocast_context(self.config, self.device)
 
     def optimize(
         self, batch: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, version: int
