@@ -5,7 +5,8 @@ two-stage recipe of `examples/agentic_*.toml` with the commands a user types:
 
     rldojo demos ENV --n N --out OUT/ENV/demos.jsonl --env-kwargs '<[env] kwargs>'
     rldojo sft examples/agentic_X.toml --data OUT/ENV/demos.jsonl    (evaluates base, SFT)
-    rldojo train examples/agentic_X.toml --set model.name=<SFT checkpoint>   (SFT, SFT+RL)
+    rldojo train examples/agentic_X.toml --set model.name=<SFT checkpoint> \
+        --set eval.before=false                                           (SFT+RL)
 
 and reads the per-task held-out outcomes the runs write (`RUN/evals/*.jsonl`, greedy, the
 same test tasks in every stage) to report per stage the success rate with its Wilson 95%
@@ -120,12 +121,13 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
     t_sft = _rldojo(["sft", str(config), "--data", str(demo_file), *set_args], log)
     sft_dir = work / f"{name}-sft"
     sft = json.loads((sft_dir / "summary.json").read_text())
-    rl_sets = [*set_args, "--set", f"model.name={sft['checkpoint']}"]
+    # The SFT run evaluated its checkpoint ("after"); RL starts from it without again.
+    rl_sets = [*set_args, "--set", f"model.name={sft['checkpoint']}", "--set", "eval.before=false"]
     t_rl = _rldojo(["train", str(config), *rl_sets], log)
     rl_dir = work / name
     rl = json.loads((rl_dir / "summary.json").read_text())
     base, after_sft = _outcomes(sft_dir, "before"), _outcomes(sft_dir, "after")
-    before_rl, after_rl = _outcomes(rl_dir, "before"), _outcomes(rl_dir, "after")
+    after_rl = _outcomes(rl_dir, "after")
     return {
         "env": env_id,
         "config": str(config.relative_to(ROOT)),
@@ -152,7 +154,6 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
             "base": _rate(base),
             "sft": _rate(after_sft),
             "sft_rl": _rate(after_rl),
-            "sft_reevaluated_by_train": _rate(before_rl),
         },
         "paired": {
             "base_to_sft": _paired(base, after_sft),

@@ -34,8 +34,10 @@ training forward. TRL's loss is `loss_type="dapo"` (token-level, divided by all 
 tokens of the optimizer step; rldojo divides by the selected tokens; under Adam the scale
 hardly matters) and its ρ threshold is taken per micro-batch of 8 (rldojo: over the whole
 batch of 64). Both train under bf16 autocast with fp32 master weights (TRL: `bf16=True`,
-`use_cpu=True`); TRL keeps its default gradient checkpointing (`--trl-no-gc` turns it
-off), rldojo has none. Dynamic sampling is off in rldojo, since TRL does not refill groups.
+`use_cpu=True`); both checkpoint activations (TRL: its default gradient checkpointing;
+rldojo: `optim.activation_checkpointing=true`, which keeps its shared-prompt KV path);
+`--no-gc` turns it off on both sides. Dynamic sampling is off in rldojo, since TRL does
+not refill groups.
 
 Each side runs in its own child process (this script with `--side`), so the peak
 resident memory (VmHWM) of one is not polluted by the other. Both load first, then the
@@ -170,12 +172,13 @@ def environment_info(threads: int) -> dict[str, Any]:
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                            "down_proj"]}  # fmt: skip
-MODES = {"device": "cpu", "lora": False, "trl_vllm": False, "dry": False}
+MODES = {"device": "cpu", "lora": False, "trl_vllm": False, "dry": False, "gc": True}
 """Set from the command line in the parent and in each child (`apply_modes`)."""
 
 
 def apply_modes(args: argparse.Namespace) -> None:
-    MODES.update(device=args.device, lora=args.lora, trl_vllm=args.trl_vllm, dry=args.dry)
+    MODES.update(device=args.device, lora=args.lora, trl_vllm=args.trl_vllm, dry=args.dry,
+                 gc=not args.no_gc)  # fmt: skip
     if args.dry:  # the machinery on a model that loads in a second
         SHARED.update(model="tiny-random", prompts_per_step=2, group_size=4, max_new_tokens=8,
                       micro_batch=4)  # fmt: skip
@@ -192,7 +195,8 @@ def cuda_peak_mib() -> float | None:
 
 def rldojo_overrides(steps: int, threads: int, run_dir: Path) -> list[str]:
     s = SHARED
-    extra = [f"run.device={MODES['device']}", "run.report_to=[]"]
+    extra = [f"run.device={MODES['device']}", "run.report_to=[]",
+             f"optim.activation_checkpointing={str(MODES['gc']).lower()}"]  # fmt: skip
     if MODES["lora"]:
         targets = ", ".join(f"'{m}'" for m in LORA["target_modules"])
         extra.append(f"model.lora={{r = {LORA['r']}, alpha = {LORA['alpha']}, "
@@ -310,7 +314,7 @@ def _rldojo_notes(threads: int) -> dict[str, Any]:
         "device": MODES["device"],
         "lora": LORA if MODES["lora"] else None,
         "training_precision": "fp32 master weights, bf16 autocast (model.autocast_bf16=true)",
-        "gradient_checkpointing": False,
+        "gradient_checkpointing": MODES["gc"],
         "loss": "clipped surrogate, clip-higher, sum over selected tokens / #selected tokens",
         "rho_scope": "batch (top 20% of the 64 sequences' policy tokens)",
         "entropy_source": "sampler (bf16 decode loop, at the sampling temperature)",
@@ -723,7 +727,7 @@ class Side:
     def __init__(self, side: str, args: argparse.Namespace, io_dir: Path) -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side]
         cmd += ["--io-dir", str(io_dir), "--steps", str(args.steps), "--threads", str(args.threads)]
-        cmd += ["--trl-no-gc"] if args.trl_no_gc else []
+        cmd += ["--no-gc"] if args.no_gc else []
         cmd += ["--device", args.device] + ["--lora"] * args.lora + ["--dry"] * args.dry
         cmd += ["--trl-vllm"] * args.trl_vllm
         self.name, self.io_dir = side, io_dir
@@ -786,7 +790,7 @@ def child_main(args: argparse.Namespace) -> None:
         result = run_rldojo(args.steps, args.threads, io_dir)
     else:
         task_ids = json.loads((io_dir / "task_ids.json").read_text())
-        result = run_trl(args.steps, args.threads, task_ids, not args.trl_no_gc, io_dir)
+        result = run_trl(args.steps, args.threads, task_ids, not args.no_gc, io_dir)
     result["peak_rss_mib"] = peak_rss_mib()
     result["cuda_peak_mib"] = cuda_peak_mib()
     result["children_peak_rss_mib"] = children_peak_rss_mib()
@@ -799,8 +803,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per side")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch intra-op threads, both sides")  # fmt: skip
-    parser.add_argument("--trl-no-gc", action="store_true",
-                        help="turn off TRL's default gradient checkpointing")  # fmt: skip
+    parser.add_argument("--no-gc", action="store_true",
+                        help="no activation checkpointing on either side (TRL's default "
+                        "gradient checkpointing off, rldojo's left off)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where both sides train (and generate)")  # fmt: skip

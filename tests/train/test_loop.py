@@ -100,3 +100,14 @@ def test_a_run_crashed_anywhere_in_the_loop_logs_as_one_never_stopped(tmp_path, 
     run_training(cfg, run_dir=run, resume=True)
     assert _logged(run) == _logged(tmp_path / "ref")
     assert [r["step"] for r in _logged(run) if "reward/mean" in r] == [1, 2]
+
+
+def test_eval_before_false_skips_only_the_starting_evaluation(tmp_path):
+    cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=nobefore",
+                             "eval.before=false", "eval.every=0", "run.steps=1"])  # fmt: skip
+    run_training(cfg)
+    run = tmp_path / "nobefore"
+    assert sorted(p.stem for p in (run / "evals").glob("*.jsonl")) == ["after"]
+    assert [r["step"] for r in _logged(run) if r.get("kind") == "eval"] == [1]  # "after" only
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["accuracy_before"] is None and summary["accuracy_after"] is not None

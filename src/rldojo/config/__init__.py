@@ -233,6 +233,12 @@ class OptimConfig(_Section):
     over those tokens; `false` computes every completion token's log-prob. Models whose
     head is not a plain projection (`rldojo.train.batch.PLAIN_HEAD_MODEL_TYPES`) always
     take the full path."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input during the training forward and recompute the
+    layer in the backward pass (`rldojo.train.activations`): the peak memory of a step no
+    longer holds every layer's intermediate tensors, for about one more forward's compute.
+    Unlike transformers' gradient checkpointing it keeps the KV cache, so `share_prompt`
+    still runs each group's prompt once. Applies to `rldojo train` and `rldojo sft`."""
 
 
 class CurriculumSection(_Section):
@@ -256,6 +262,10 @@ class EvalConfig(_Section):
     """None: same as sampling.max_new_tokens."""
     every: int = Field(0, ge=0)
     """Also evaluate every K steps (0: only before and after)."""
+    before: bool = True
+    """Evaluate the starting model too. `false` when its accuracy on these tasks is known
+    already, e.g. RL from an SFT checkpoint whose `rldojo sft` run evaluated it ("after"
+    in that run's `evals/`, the same greedy episodes): it saves one evaluation."""
 
 
 Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]

@@ -3,8 +3,13 @@
 The trainer optimises the model in float32; generation may run on a bf16 copy (about
 2x faster on CPUs with bf16 units, ~30x slower on AVX2-only CPUs: `"auto"` measures, see
 `rldojo.hardware.precision`). When generation runs in the model's own dtype it shares
-the trainer's weights; a copy exists only for bf16 or asynchronous generation, and after
-each optimizer step the trainer calls `update_weights`, which copies the new weights in.
+the trainer's weights. In another dtype (bf16), with synchronous rollouts, the trainer
+makes the copy transient (`transient_copy`): each `generate` call casts the trainer's
+current weights into it and frees them when it returns, so the training step's peak
+memory holds no second copy (casting SmolLM2 takes well under a second; a generation
+call takes seconds). Asynchronous generation runs while the trainer updates its
+weights, so it keeps a lasting copy, and after each optimizer step the trainer calls
+`update_weights`, which copies the new weights in.
 
 Devices and LoRA: the copy is made on the model's device. Under LoRA (`rldojo.policy.
 lora`) the model is a `peft` model, generation samples through the adapters, and
@@ -45,12 +50,15 @@ class TransformersPolicy:
         generation_dtype: torch.dtype | str | None = "auto",
         max_batch: int | None = None,
         separate_copy: bool = False,
+        transient_copy: bool = False,
         chunk_size: int | None = None,
     ) -> None:
         """`max_batch` (default 64): rows decoded at once; finished rows' slots are refilled
         with pending prompts (continuous batching, see `rldojo.policy.sampling`).
         `chunk_size` is its former name, still accepted. `generation_dtype`: a torch
-        dtype, None (the model's own) or `"auto"` (measured, `rldojo.hardware.precision`)."""
+        dtype, None (the model's own) or `"auto"` (measured, `rldojo.hardware.precision`).
+        `transient_copy`: a copy in another dtype holds weights only during `generate`
+        (the trainer's synchronous rollouts); ignored with `separate_copy`."""
         if max_batch is not None and chunk_size is not None and max_batch != chunk_size:
             raise ValueError("pass max_batch or its old name chunk_size, not both")
         max_batch = max_batch if max_batch is not None else chunk_size
@@ -72,10 +80,13 @@ class TransformersPolicy:
 
             generation_dtype = resolve_precision(autocast_bf16=False).torch_generation_dtype()
         same_dtype = generation_dtype is None or generation_dtype == train_dtype
+        self._transient = transient_copy and not same_dtype and not separate_copy
         if same_dtype and not separate_copy:
             self._gen_model = model
         else:
             self._gen_model = copy.deepcopy(model).to(generation_dtype or train_dtype)
+        if self._transient:
+            self._drop_weights()
         self._gen_model.eval()
         self.eos_ids = {int(tokenizer.eos_token_id)}
         if tokenizer.pad_token_id is not None:
@@ -90,8 +101,26 @@ class TransformersPolicy:
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[Completion]:
         with self._lock:
-            self._load_staged()
-            return self._generate(prompts, sampling)
+            if not self._transient:
+                self._load_staged()
+                return self._generate(prompts, sampling)
+            self._cast_weights()
+            try:
+                return self._generate(prompts, sampling)
+            finally:
+                self._drop_weights()
+
+    def _cast_weights(self) -> None:
+        """The transient copy: the trainer's current weights, cast to the sampler's dtype."""
+        source = dict(self._train_model.named_parameters())
+        with torch.no_grad():
+            for name, param in self._gen_model.named_parameters():
+                param.data = source[name].detach().to(param.dtype)
+
+    def _drop_weights(self) -> None:
+        """Free the transient copy's weights (the module and its buffers stay)."""
+        for param in self._gen_model.parameters():
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
@@ -125,8 +154,8 @@ class TransformersPolicy:
 
         Loads them now when no generation is running, else stages a copy for the next call.
         """
-        if self._gen_model is self._train_model:
-            if state_dict is not None:
+        if self._gen_model is self._train_model or self._transient:
+            if state_dict is not None:  # read from the trained model by the next generate
                 self._train_model.load_state_dict(state_dict, strict=False)
             self.version += 1
             return

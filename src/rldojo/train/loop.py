@@ -115,7 +115,7 @@ def run_training(
         config=config.model_dump(mode="json"),
     )
     try:
-        if config.eval.tasks and "before" not in trainer.evals:
+        if config.eval.tasks and config.eval.before and "before" not in trainer.evals:
             result = trainer.evaluate("before")
             log_eval(console, logger, run_dir, "before", trainer.step_num, result)
         _train_steps(config, trainer, logger, console)

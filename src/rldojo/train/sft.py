@@ -63,7 +63,7 @@ from rldojo.train.loop import new_run_dir
 from rldojo.train.preflight import build_mixture, pass_threshold
 from rldojo.train.resources import resolve_resources
 from rldojo.train.trainer import lr_lambda, seed_everything
-from rldojo.train.update import autocast_context
+from rldojo.train.update import forward_context
 from rldojo.types import Message, Rollout
 
 __all__ = ["Demo", "read_demos", "run_sft", "sft_schedule", "sft_step", "tokenize_demos"]
@@ -260,7 +260,7 @@ def run_sft(
         )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         losses: list[float] = []
-        autocast = partial(autocast_context, cfg, device)
+        autocast = partial(forward_context, cfg, model, device)
         for k, micro_batches in enumerate(steps, start=1):
             t0 = time.perf_counter()
             loss, tokens = sft_step(model, demo_set.rollouts, micro_batches, pad_id=pad_id,

@@ -269,6 +269,7 @@ class Trainer:
         )
         metrics["entropy/tokens_selected"] = int(selected.sum())
         metrics["entropy/tokens_policy"] = int(batch.policy_mask.sum())
+        metrics["entropy/source"] = lc.entropy_source  # whose entropies chose the mask
         metrics["entropy/forking_tokens"] = forking_tokens(
             self.tokenizer, batch.completion_ids, selected
         )

@@ -14,6 +14,8 @@ mismatch. Each mini-batch is normalised by its own token count (`loss.normaliser
 Devices: the rollout batch, advantages and mask stay on the host; each micro-batch is
 moved to the model's device after slicing, so the loop's bookkeeping never waits on a
 GPU. Autocast follows the device (bf16 on CUDA when `model.autocast_bf16` resolves so).
+With `optim.activation_checkpointing` the gradient forward runs each decoder layer
+checkpointed (`train.activations`), the prompt sharing kept.
 The update's own metrics stay tensors until the optimizer step and reach the host in
 one transfer per step (the loss function's clip statistics still read per micro-batch).
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ import torch
 from rldojo.config import TrainConfig
 from rldojo.policy.device import autocast_device_type, model_device
 from rldojo.train import losses
+from rldojo.train.activations import checkpointed_layers
 from rldojo.train.batch import TokenBatch, completion_logits, selected_logits, splits_output_layer
 from rldojo.types import Score
 
@@ -57,8 +60,24 @@ def autocast_context(config: TrainConfig, device: torch.device) -> Any:
     """bf16 autocast on `device` when `model.autocast_bf16` resolved to true, else none:
     the precision of every training forward (the policy update and SFT)."""
     if config.model.autocast_bf16 is True:  # resolved from "auto" by resolve_resources
-        return torch.autocast(autocast_device_type(device), dtype=torch.bfloat16)
+        # Autocast caches each weight's bf16 cast until the context closes (a second copy
+        # of the weights). Under activation checkpointing the layers' casts would not be
+        # kept for the backward pass anyway, so the cache only adds to the peak: skip it.
+        cache = not config.optim.activation_checkpointing
+        return torch.autocast(autocast_device_type(device), dtype=torch.bfloat16,
+                              cache_enabled=cache)  # fmt: skip
     return nullcontext()
+
+
+def forward_context(config: TrainConfig, model: Any, device: torch.device) -> ExitStack:
+    """The context of one training forward of `model`: `autocast_context`, and each
+    decoder layer checkpointed when `optim.activation_checkpointing` is on and gradients
+    are enabled (a no-grad forward keeps nothing to recompute)."""
+    stack = ExitStack()
+    stack.enter_context(autocast_context(config, device))
+    recompute = config.optim.activation_checkpointing and torch.is_grad_enabled()
+    stack.enter_context(checkpointed_layers(model, recompute))
+    return stack
 
 
 class PolicyUpdate:
@@ -235,10 +254,10 @@ class PolicyUpdate:
         (the output layer and log-softmax run on those positions alone; the rest are 0)."""
         share = self.config.optim.share_prompt
         if where is None:
-            with self._autocast():
+            with forward_context(self.config, model, self.device):
                 logits = completion_logits(model, mb, share_prefix=share)  # [M, T, V]
             return losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)[0]
-        with self._autocast():
+        with forward_context(self.config, model, self.device):
             logits = selected_logits(model, mb, where, share_prefix=share)  # [N, V]
         ids = mb.completion_ids[where]  # [N]
         picked, _ = losses.logprobs_and_entropy(logits[None], ids[None], temperature)  # [1, N]
