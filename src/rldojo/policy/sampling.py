@@ -33,6 +33,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rldojo.policy.device import model_device
+from rldojo.policy.models import cache_kwargs
 from rldojo.types import SamplingParams
 
 
@@ -153,7 +154,7 @@ def _prefill(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int)
     cache = DynamicCache()
     if len(unique) > 1 and shared >= MIN_SHARED_PREFIX:
         prefix = torch.tensor([unique[0][:shared]], device=device)  # [1, S]
-        model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prefix, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
         cache.batch_repeat_interleave(len(unique))
         ids, tail_mask = left_pad([p[shared:] for p in unique], pad_id)  # [U, S]
         mask = torch.cat([torch.ones(len(unique), shared, dtype=torch.long), tail_mask], 1)
@@ -166,7 +167,7 @@ def _prefill(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int)
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions[:, shared:],
-        cache=cache,
+        **cache_kwargs(model, cache),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -242,7 +243,7 @@ def _decode_step(model: Any, run: _Running, token: torch.Tensor) -> None:
         input_ids=token[:, None],  # [B, 1]
         attention_mask=run.mask,  # [B, L]
         position_ids=run.next_pos[:, None],  # [B, 1]
-        cache=run.cache,
+        **cache_kwargs(model, run.cache),
         use_cache=True,
     )
     run.next_pos = run.next_pos + 1

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from rldojo.policy.models import cache_kwargs
 from rldojo.types import Rollout
 
 
@@ -208,7 +209,7 @@ def _shared_prefix_forward(model: Any, batch: TokenBatch, head: bool) -> torch.T
         input_ids=prompts,
         attention_mask=batch.attention_mask[first, :p],
         position_ids=batch.position_ids[first, :p],
-        cache=cache,
+        **cache_kwargs(net, cache),
         use_cache=True,
         **extra,
     )
@@ -217,7 +218,7 @@ def _shared_prefix_forward(model: Any, batch: TokenBatch, head: bool) -> torch.T
         input_ids=batch.input_ids[:, p:],
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids[:, p:],
-        cache=cache,
+        **cache_kwargs(net, cache),
         use_cache=True,
     )
     if head:
