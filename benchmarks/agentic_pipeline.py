@@ -61,12 +61,19 @@ def _rldojo(args: list[str], log: Path) -> float:
     return time.perf_counter() - started
 
 
-def _outcomes(run_dir: Path, label: str) -> dict[str, bool]:
-    rows = [json.loads(x) for x in (run_dir / "evals" / f"{label}.jsonl").read_text().splitlines()]
+def _outcomes(run_dir: Path, label: str) -> dict[str, bool] | None:
+    """Per-task held-out outcomes of one evaluation (None: the run did not make it, e.g.
+    `--set sft.eval_before=false`, when the base model's accuracy is known already)."""
+    path = run_dir / "evals" / f"{label}.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
     return {r["task_id"]: bool(r["passed"]) for r in rows}
 
 
-def _rate(outcomes: dict[str, bool]) -> dict[str, Any]:
+def _rate(outcomes: dict[str, bool] | None) -> dict[str, Any] | None:
+    if outcomes is None:
+        return None
     from rldojo.eval.harness import wilson_interval
 
     k, n = sum(outcomes.values()), len(outcomes)
@@ -74,7 +81,9 @@ def _rate(outcomes: dict[str, bool]) -> dict[str, Any]:
     return {"passed": k, "n": n, "rate": k / max(n, 1), "ci95": [lo, hi]}
 
 
-def _paired(a: dict[str, bool], b: dict[str, bool]) -> dict[str, Any]:
+def _paired(a: dict[str, bool] | None, b: dict[str, bool] | None) -> dict[str, Any] | None:
+    if a is None or b is None:
+        return None
     from rldojo.eval.stats import mcnemar, paired_bootstrap
 
     common = sorted(set(a) & set(b))
