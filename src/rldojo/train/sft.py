@@ -253,8 +253,9 @@ def run_sft(
             epochs=s.epochs, seed=cfg.run.seed,
         )  # fmt: skip
         params = trainable_parameters(model)
+        # fused, as rldojo train's: one kernel per parameter, no full-size temporaries.
         optimizer = torch.optim.AdamW(params, lr=s.lr, betas=cfg.optim.betas,
-                                      weight_decay=cfg.optim.weight_decay)  # fmt: skip
+                                      weight_decay=cfg.optim.weight_decay, fused=True)  # fmt: skip
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda k: lr_lambda(k, s.warmup_steps, len(steps), cfg.optim.schedule)
         )

@@ -259,7 +259,9 @@ class Trainer:
         }
         token_adv = token_advantages(advantages, scores, batch.policy_mask.shape[1])  # [B, T]
         metrics = self.update.optimize(batch, token_adv, selected, self.policy_updates)
+        published = time.perf_counter()
         self.policy.update_weights()
+        metrics["time/update_weights"] = time.perf_counter() - published  # to the sampler
         self.policy_updates += 1
         if self.ray_pool is not None:  # here, not in a rollout thread: the optimizer is idle
             self.ray_pool.publish(self.model, self.policy_updates)
