@@ -72,4 +72,4 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/policy/test_vllm_backend.py
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/policy/test_vllm_backend.py tests/policy/test_vllm_lora.py

