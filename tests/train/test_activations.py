@@ -102,3 +102,38 @@ def test_a_model_without_decoder_layers_is_refused():
     refused = pytest.raises(ValueError, match="no transformers decoder layers")
     with refused, checkpointed_layers(torch.nn.Linear(2, 2)):
         pass
+
+
+@pytest.mark.parametrize("autocast", ["false", "true"])
+def test_policy_update_with_checkpointing_takes_the_same_step(tiny, autocast, monkeypatch):
+    """`optim.activation_checkpointing` through `PolicyUpdate`: the layers really run
+    checkpointed (each layer twice per micro-batch: prompt and rows) and an SGD step
+    moves the weights as the plain update does."""
+    import copy
+
+    from rldojo.config import load_config
+    from rldojo.train import activations
+    from rldojo.train.update import PolicyUpdate
+
+    base, tok = tiny
+    batch = build_token_batch(ROLLOUTS, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+    calls = []
+    real = activations.checkpoint
+    monkeypatch.setattr(activations, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    start = {k: v.clone() for k, v in base.state_dict().items()}
+    deltas = []
+    for on in ("false", "true"):
+        model = copy.deepcopy(base)
+        cfg = load_config(None, [f"model.autocast_bf16={autocast}", "optim.grad_clip=1e9",
+                                 f"optim.activation_checkpointing={on}",
+                                 "optim.micro_batch_size=4"])  # fmt: skip
+        update = PolicyUpdate(model, None, torch.optim.SGD(model.parameters(), lr=1.0), cfg)
+        adv = torch.tensor([1.0, -1.0, 1.0, -1.0])[:, None].expand(-1, batch.policy_mask.shape[1])
+        update.optimize(batch, adv, batch.policy_mask, version=0)
+        deltas.append({k: v - start[k] for k, v in model.state_dict().items()})
+    assert len(calls) == 2 * len(decoder_layers(base))  # only when asked, prompt + rows
+    plain, ckpt = deltas
+    assert any(plain[k].abs().max() > 0 for k in plain)
+    tol = 1e-6 if autocast == "false" else 1e-3  # bf16 casts: same values, other rounding
+    for k in plain:
+        assert torch.allclose(plain[k], ckpt[k], atol=tol), k
