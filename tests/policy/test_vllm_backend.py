@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from rldojo.config import ConfigError, load_config
-from rldojo.policy.vllm_backend import VLLMPolicy, check_vllm, plain_weights, row_seeds
+from rldojo.policy.sampling import row_seeds
+from rldojo.policy.vllm_backend import VLLMPolicy, check_vllm, plain_weights
 from rldojo.types import SamplingParams
 
 

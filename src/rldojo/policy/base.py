@@ -49,3 +49,20 @@ def chat_template_ids(
         list(messages), tokenize=False, add_generation_prompt=True, **kwargs
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def stop_ids(tokenizer: Any) -> set[int]:
+    """Token ids that end a completion in every backend: the tokenizer's eos and pad."""
+    ids = {int(tokenizer.eos_token_id)}
+    if tokenizer.pad_token_id is not None:
+        ids.add(int(tokenizer.pad_token_id))
+    return ids
+
+
+def completion_text(tokenizer: Any, ids: Sequence[int], stops: Sequence[str]) -> str:
+    """A completion's text in every backend: its ids decoded without special tokens, cut
+    at the first stop string (the ids keep the token that completed it)."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    for stop in stops:
+        text = text.split(stop)[0]
+    return str(text)

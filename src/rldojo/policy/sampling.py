@@ -118,12 +118,20 @@ def _hits_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> boo
     return any(s in tail for s in stops)
 
 
+def row_seeds(seed: int | None, n: int) -> list[int | None]:
+    """One seed per prompt from `(seed, prompt index)`: a row's seed depends on neither
+    the batch size nor the batching (the vLLM backend seeds its requests the same way)."""
+    if seed is None:
+        return [None] * n
+    draws = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(seed))
+    return [int(s) for s in draws]
+
+
 def _row_generators(seed: int | None, n: int) -> list[torch.Generator] | None:
-    """One generator per prompt, seeded from `(seed, prompt index)`: batching-independent."""
+    """One generator per prompt, seeded by `row_seeds`."""
     if seed is None:
         return None
-    seeds = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(seed))
-    return [torch.Generator().manual_seed(int(s)) for s in seeds]
+    return [torch.Generator().manual_seed(int(s)) for s in row_seeds(seed, n) if s is not None]
 
 
 def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from rldojo.policy.base import chat_template_ids
+from rldojo.policy.base import chat_template_ids, completion_text, stop_ids
 from rldojo.policy.sampling import sample
 from rldojo.types import Completion, Message, SamplingParams
 
@@ -88,9 +88,7 @@ class TransformersPolicy:
         if self._transient:
             self._drop_weights()
         self._gen_model.eval()
-        self.eos_ids = {int(tokenizer.eos_token_id)}
-        if tokenizer.pad_token_id is not None:
-            self.eos_ids.add(int(tokenizer.pad_token_id))
+        self.eos_ids = stop_ids(tokenizer)
 
     def encode_chat(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
@@ -143,9 +141,7 @@ class TransformersPolicy:
             batch.token_ids, batch.logprobs, batch.entropies, batch.finish_reasons, strict=True
         )
         for ids, lps, ents, reason in rows:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            for stop in sampling.stop:
-                text = text.split(stop)[0]
+            text = completion_text(self.tokenizer, ids, sampling.stop)
             results.append(Completion(text, tuple(ids), tuple(lps), reason, tuple(ents)))  # type: ignore[arg-type]
         return results
 

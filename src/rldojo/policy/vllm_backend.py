@@ -63,7 +63,8 @@ import torch
 
 from rldojo.config import ConfigError, TrainConfig
 from rldojo.policy import vllm_lora
-from rldojo.policy.base import chat_template_ids
+from rldojo.policy.base import chat_template_ids, completion_text, stop_ids
+from rldojo.policy.sampling import row_seeds
 from rldojo.types import Completion, FinishReason, Message, SamplingParams
 
 
@@ -97,23 +98,6 @@ def plain_weights(model: Any) -> dict[str, Any]:
     if hasattr(model, "merge_and_unload"):
         model = copy.deepcopy(model).merge_and_unload()
     return dict(model.state_dict())
-
-
-def stop_ids(tokenizer: Any) -> set[int]:
-    """Token ids that end a completion: eos and pad, as in the native sampler."""
-    ids = {int(tokenizer.eos_token_id)}
-    if tokenizer.pad_token_id is not None:
-        ids.add(int(tokenizer.pad_token_id))
-    return ids
-
-
-def row_seeds(seed: int | None, n: int) -> list[int | None]:
-    """One seed per prompt from `(seed, prompt index)`, drawn like the native sampler's
-    per-row generators (`policy/sampling.py`): a row's seed does not depend on `n`."""
-    if seed is None:
-        return [None] * n
-    draws = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(seed))
-    return [int(s) for s in draws]
 
 
 def on_cpu() -> bool:
@@ -294,9 +278,7 @@ class VLLMPolicy:
         ids = tuple(int(t) for t in choice.token_ids)
         logprobs = tuple(float(step[tok].logprob) for step, tok in zip(choice.logprobs, ids,
                                                                         strict=True))  # fmt: skip
-        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
-        for stop in sampling.stop:
-            text = text.split(stop)[0]
+        text = completion_text(self.tokenizer, ids, sampling.stop)
         reason: FinishReason = "length" if choice.finish_reason == "length" else "stop"
         return Completion(text, ids, logprobs, reason, ())
 
