@@ -347,3 +347,16 @@ def test_doctor_reports_vllm_ok():
 
     rows = {name: (status, detail) for name, status, detail in cli._doctor_rows()}
     assert rows["backend vllm"][0] == "ok" and "importable" in rows["backend vllm"][1]
+
+
+def test_a_vllm_without_logprobs_mode_is_a_one_line_error(fake_vllm):
+    """Older vLLM returns log-probs at temperature 1: refused before an engine starts."""
+    from rldojo.policy.vllm_backend import start_engine
+
+    started = []
+    fake_vllm.__version__ = "0.8.0"  # type: ignore[attr-defined]
+    fake_vllm.EngineArgs = type("EngineArgs", (), {})  # type: ignore[attr-defined]
+    fake_vllm.LLM = lambda **kw: started.append(kw)  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"vllm 0\.8\.0 has no logprobs_mode"):
+        start_engine("/nonexistent", dtype="float32", seed=0)
+    assert started == []
