@@ -137,3 +137,56 @@ def test_policy_update_with_checkpointing_takes_the_same_step(tiny, autocast, mo
     tol = 1e-6 if autocast == "false" else 1e-3  # bf16 casts: same values, other rounding
     for k in plain:
         assert torch.allclose(plain[k], ckpt[k], atol=tol), k
+
+
+def _accumulated(model, batch, *, share: bool, recompute: bool) -> dict[str, torch.Tensor]:
+    """Gradients of two backward passes accumulated in `.grad` (two micro-batches)."""
+    model.zero_grad(set_to_none=True)
+    for _ in range(2):
+        with checkpointed_layers(model, recompute):
+            logits = selected_logits(model, batch, batch.policy_mask, share_prefix=share)
+        (-logits.log_softmax(-1)[:, 5].sum()).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_shared_prompt_gradients_accumulate_like_the_plain_path(tiny, recompute):
+    """The prompt pass's weight gradients (added to `.grad` on their own path) sum to the
+    plain path's, also into gradients already there, tied embeddings included."""
+    model, tok = tiny
+    batch = build_token_batch(ROLLOUTS, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+    plain = _accumulated(model, batch, share=False, recompute=False)
+    shared = _accumulated(model, batch, share=True, recompute=recompute)
+    assert plain.keys() == shared.keys()
+    for name, g in plain.items():
+        assert g.abs().sum() > 0, name
+        assert torch.allclose(g, shared[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_row_gradients_reach_grad_before_the_prompt_pass_is_replayed(tiny):
+    """A weight used by the prompt pass and the rows' pass must not have its rows'
+    gradient held until the prompt's arrives (a second set of gradients at the peak):
+    every decoder weight's `.grad` is written before the backward replays the prompt
+    pass (the checkpointed prompt layers, 2 rows, run again only then)."""
+    model, tok = tiny
+    batch = build_token_batch(ROLLOUTS, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+    model.zero_grad(set_to_none=True)
+    events: list[object] = []
+    names = {p: n for n, p in model.named_parameters()}
+    layer_weights = {names[p] for layer in decoder_layers(model) for p in layer.parameters()}
+    handles = [p.register_post_accumulate_grad_hook(lambda p: events.append(names[p]))
+               for p in model.parameters()]  # fmt: skip
+    mlp = decoder_layers(model)[0].mlp
+    handles.append(mlp.register_forward_pre_hook(lambda m, a: events.append(a[0].shape[0])))
+    try:
+        with checkpointed_layers(model, True):
+            logits = selected_logits(model, batch, batch.policy_mask, share_prefix=True)
+        events.append("backward")
+        (-logits.log_softmax(-1)[:, 5].sum()).backward()
+    finally:
+        for h in handles:
+            h.remove()
+    after = events[events.index("backward") + 1 :]
+    assert after.count(2) == 1 and after.count(4) == 1  # each pass replayed once
+    before_prompt = set(after[: after.index(2)])
+    assert layer_weights <= before_prompt, sorted(layer_weights - before_prompt)[:3]

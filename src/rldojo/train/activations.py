@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -118,3 +119,36 @@ def checkpointed_layers(model: Any, enabled: bool = True) -> Iterator[None]:
     finally:
         for layer in layers:
             vars(layer).pop("forward", None)
+
+
+def with_own_gradients(net: Any) -> Any:
+    """`net`, callable as usual, whose trainable weights reach `.grad` on their own path.
+
+    A weight used by two passes of one forward (the shared prompt's, then the rows')
+    has one gradient slot in autograd: the rows' gradient waits in the engine's buffers
+    until the prompt pass's arrives at the very end of the backward, so every weight's
+    gradient is held twice (for SmolLM2, 513 MB more at the peak of each micro-batch
+    after the first). Called through this, the pass sees leaf aliases of the weights
+    (same storage) whose gradients are added into the weights' `.grad` as soon as they
+    are complete, and the rows' gradients are accumulated as soon as theirs are. The
+    gradient is the same sum. Under `no_grad` it returns `net` itself."""
+    if not torch.is_grad_enabled():
+        return net
+    aliases = {}
+    for name, weight in net.named_parameters():  # tied weights appear once, and stay tied
+        if weight.requires_grad:
+            alias = weight.detach().requires_grad_()
+            alias.register_post_accumulate_grad_hook(_adder(weight))
+            aliases[name] = alias
+    return lambda *args, **kwargs: functional_call(net, aliases, args, kwargs)
+
+
+def _adder(weight: torch.Tensor) -> Any:
+    def add(alias: torch.Tensor) -> None:
+        grad, alias.grad = alias.grad, None
+        if weight.grad is None:
+            weight.grad = grad
+        else:
+            weight.grad.add_(grad)
+
+    return add

@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from rldojo.policy.models import cache_kwargs
+from rldojo.train.activations import with_own_gradients
 from rldojo.types import Rollout
 
 
@@ -164,7 +165,9 @@ def selected_logits(
     if not splits_output_layer(model):
         raise ValueError(f"{type(model).__name__}: output layer cannot be split off")
     hidden = _completion_forward(model, batch, share_prefix=share_prefix, head=False)  # [M,T,H]
-    return model.get_output_embeddings()(hidden[where])  # [N, V]
+    # Its own gradient path: with tied embeddings its weight gradient is added now, not
+    # held until the input embedding's (at the end of the backward).
+    return with_own_gradients(model.get_output_embeddings())(hidden[where])  # [N, V]
 
 
 def _completion_forward(
@@ -205,7 +208,7 @@ def _shared_prefix_forward(model: Any, batch: TokenBatch, head: bool) -> torch.T
     cache = DynamicCache()
     net = model if head else model.get_decoder()
     extra = {"logits_to_keep": 1} if head else {}
-    head_out = net(
+    head_out = with_own_gradients(net)(
         input_ids=prompts,
         attention_mask=batch.attention_mask[first, :p],
         position_ids=batch.position_ids[first, :p],

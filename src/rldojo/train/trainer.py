@@ -59,7 +59,7 @@ from rldojo.train.step_metrics import (
     mask_threshold,
     rollout_metrics,
 )
-from rldojo.train.update import PolicyUpdate, token_advantages
+from rldojo.train.update import PolicyUpdate, release_freed_memory, token_advantages
 from rldojo.types import SamplingParams, Task
 
 
@@ -191,6 +191,7 @@ class Trainer:
         metrics["rollout/groups_surplus"] = len(informative) - len(trained)
         if trained:
             t0 = time.perf_counter()
+            release_freed_memory()  # what generation freed, before the gradients are made
             metrics |= self.train_on(trained)
             timing["time/train"] = time.perf_counter() - t0
             self.ledger.mark_trained(

@@ -153,6 +153,7 @@ class PolicyUpdate:
                 batch.rows(index), advantages[index], selected[index], num_tokens, version,
                 None if old is None else old[index],
             ))  # fmt: skip
+            release_freed_memory()  # the micro-batch's activations, before the next one
         for m in _to_host(results):
             weight = m.get("tokens", 0.0)
             for key, value in m.items():
