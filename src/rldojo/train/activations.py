@@ -146,6 +146,8 @@ def with_own_gradients(net: Any) -> Any:
 def _adder(weight: torch.Tensor) -> Any:
     def add(alias: torch.Tensor) -> None:
         grad, alias.grad = alias.grad, None
+        if grad is None:  # nothing reached this alias
+            return
         if weight.grad is None:
             weight.grad = grad
         else:
