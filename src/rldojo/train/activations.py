@@ -127,7 +127,7 @@ def with_own_gradients(net: Any) -> Any:
     A weight used by two passes of one forward (the shared prompt's, then the rows')
     has one gradient slot in autograd: the rows' gradient waits in the engine's buffers
     until the prompt pass's arrives at the very end of the backward, so every weight's
-    gradient is held twice (for SmolLM2, 513 MB more at the peak of each micro-batch
+    gradient is held twice (for SmolLM2, 513 MiB more at the peak of each micro-batch
     after the first). Called through this, the pass sees leaf aliases of the weights
     (same storage) whose gradients are added into the weights' `.grad` as soon as they
     are complete, and the rows' gradients are accumulated as soon as theirs are. The
