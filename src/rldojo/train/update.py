@@ -23,6 +23,7 @@ one transfer per step (the loss function's clip statistics still read per micro-
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from collections.abc import Sequence
 from contextlib import ExitStack, nullcontext
@@ -38,12 +39,21 @@ from rldojo.train.batch import TokenBatch, completion_logits, selected_logits, s
 from rldojo.types import Score
 
 
-def release_freed_memory() -> None:
-    """Return freed heap pages to the OS (glibc keeps them, so RSS creeps step to step)."""
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's `malloc_trim`, looked up once (None: not glibc)."""
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc keeps them, so RSS creeps step to step).
+    Called after each micro-batch, so the library is looked up once, not per call."""
+    trim = _malloc_trim()
+    if trim is not None:  # not glibc: nothing to do
+        trim(0)
 
 
 def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) -> torch.Tensor:
