@@ -151,16 +151,17 @@ def test_sft_evaluates_before_and_after_on_the_heldout_tasks(tiny, tmp_path):
     data = tmp_path / "demos.jsonl"
     _write_demos(data, tiny, n=2)
     cfg = load_config(None, ["model.name=tiny-random", "env.id=arith-tools-v1",
-                             'env.kwargs={levels = [1], python = "off"}', "eval.tasks=2",
-                             "eval.max_new_tokens=8", "sft.epochs=1", "run.report_to=[]",
-                             "run.threads=1"])  # fmt: skip
+                             'env.kwargs={levels = [1], python = "off"}', "eval.tasks=3",
+                             "eval.before_tasks=2", "eval.max_new_tokens=8", "sft.epochs=1",
+                             "run.report_to=[]", "run.threads=1"])  # fmt: skip
     summary = run_sft(cfg, data, run_dir=tmp_path / "run")
     assert set(summary["evals"]) == {"before", "after"}
-    assert summary["evals"]["after"]["n"] == 2
-    rows = (tmp_path / "run" / "evals" / "after.jsonl").read_text().splitlines()
-    assert [json.loads(r)["task_id"] for r in rows] == [
-        t.id for t in make_env("arith-tools-v1", levels=[1], python="off").tasks("test", n=2)
-    ]
+    # the base model's evaluation keeps the first eval.before_tasks of the same tasks
+    assert summary["evals"]["before"]["n"] == 2 and summary["evals"]["after"]["n"] == 3
+    ids = [t.id for t in make_env("arith-tools-v1", levels=[1], python="off").tasks("test", n=3)]
+    for label, expected in (("before", ids[:2]), ("after", ids)):
+        rows = (tmp_path / "run" / "evals" / f"{label}.jsonl").read_text().splitlines()
+        assert [json.loads(r)["task_id"] for r in rows] == expected
 
 
 def test_schedule_covers_every_demo_once_per_epoch_in_length_sorted_micro_batches():

@@ -231,6 +231,11 @@ class EvalConfig(_Section):
     """None: same as sampling.max_new_tokens."""
     every: int = Field(0, ge=0)
     """Also evaluate every K steps (0: only before and after)."""
+    before_tasks: int | None = Field(None, gt=0)
+    """Tasks in the starting model's evaluation ("before"): the first K of the same held-out
+    tasks, so paired comparisons with later evaluations run on those K (None: all
+    `eval.tasks`). A base model that cannot do a task yet often writes to the token limit
+    on every turn, which makes "before" the costliest evaluation by far."""
     before: bool = True
     """Evaluate the starting model too. `false` when its accuracy on these tasks is known
     already, e.g. RL from an SFT checkpoint whose `rldojo sft` run evaluated it ("after"

@@ -44,6 +44,13 @@ def heldout_eval(
     )  # fmt: skip
 
 
+def heldout_tasks(config: TrainConfig, tasks: Sequence[Task], label: str) -> Sequence[Task]:
+    """The tasks of the evaluation `label`: all of them, except "before" when
+    `eval.before_tasks` keeps only its first K."""
+    k = config.eval.before_tasks
+    return tasks[:k] if label == "before" and k is not None else tasks
+
+
 def eval_record(result: EvalResult) -> dict[str, Any]:
     """What the run state and the summary keep of an evaluation."""
     return {"accuracy": result.accuracy, "ci95": result.ci95, "n": result.n,

@@ -58,7 +58,7 @@ from rldojo.train.batch import (
     selected_logits,
     splits_output_layer,
 )
-from rldojo.train.heldout import eval_record, heldout_eval, log_eval
+from rldojo.train.heldout import eval_record, heldout_eval, heldout_tasks, log_eval
 from rldojo.train.loop import new_run_dir
 from rldojo.train.preflight import build_mixture, pass_threshold
 from rldojo.train.resources import resolve_resources
@@ -240,8 +240,9 @@ def run_sft(
 
         def heldout(label: str, step: int) -> dict[str, Any]:
             assert mixture is not None and loop is not None
+            tasks = heldout_tasks(cfg, mixture.test_tasks, label)
             result = heldout_eval(cfg, mixture.make_env_for, grader, policy,
-                                  mixture.test_tasks, threshold, loop)  # fmt: skip
+                                  tasks, threshold, loop)  # fmt: skip
             log_eval(console, logger, run_dir, label, step, result)
             return eval_record(result)
 

@@ -50,7 +50,7 @@ from rldojo.store.files import write_atomically
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
-from rldojo.train.heldout import eval_record, heldout_eval
+from rldojo.train.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.train.preflight import build_mixture, env_entries, pass_threshold
 from rldojo.train.resources import resolve_resources
 from rldojo.train.step_metrics import (
@@ -304,8 +304,9 @@ class Trainer:
 
     def evaluate(self, label: str) -> EvalResult:
         """Greedy accuracy on the held-out tasks; stored under `label` in the run state."""
+        tasks = heldout_tasks(self.config, self.test_tasks, label)
         result = heldout_eval(self.config, self.make_env, self.grader, self.policy,
-                              self.test_tasks, self.pass_threshold, self._loop)  # fmt: skip
+                              tasks, self.pass_threshold, self._loop)  # fmt: skip
         self.evals[label] = eval_record(result)
         return result
 
