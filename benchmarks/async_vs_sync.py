@@ -14,8 +14,13 @@ process-wide), so overlap only pays when generation has cores of its own.
 Part 2 measures graded rollouts per second through the Ray rollout pool with 1 and 2
 workers (same requests, same model).
 
+`--generation vllm` compares the vLLM paths instead (needs vllm, and Ray): synchronous
+with the engine colocated in the trainer's process, against lag 1 with the engine on one
+Ray rollout worker (on a CUDA device it shares the trainer's GPU: `rollout.worker_gpus =
+0.5`); the in-process lag-1 run is skipped (a colocated engine is synchronous).
+
 Usage: python benchmarks/async_vs_sync.py [--model smollm2-135m-instruct] [--steps 4]
-[--device cpu|cuda|auto] [--out FILE]
+[--device cpu|cuda|auto] [--generation native|vllm] [--out FILE]
 Writes benchmarks/results/async_vs_sync.json (or `--out`). `--device` sets `run.device`
 (unset: the config's default); on one GPU, lag 1 overlaps generation and training on it.
 Timings are noisy; run on an idle machine.
@@ -116,6 +121,30 @@ def _rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
             "rollouts_per_s": len(rollouts) / wall}  # fmt: skip
 
 
+def main_vllm(args: argparse.Namespace) -> None:
+    """`--generation vllm`: colocated and synchronous vs on a Ray worker at lag 1."""
+    vllm = ["generation.backend=vllm", "loss.entropy_source=trainer"]
+    sync = train_wall_time(args, 0, *vllm)
+    on_gpu = (args.device or "auto") != "cpu" and torch.cuda.is_available()
+    share = ["rollout.worker_gpus=0.5"] if on_gpu else ["rollout.worker_threads=1", "run.threads=1"]
+    async_ = _with_ray(train_wall_time, args, 1, *vllm, "run.cluster=ray", "rollout.workers=1",
+                       *share)  # fmt: skip
+    ratio = async_["wall_s"] / sync["wall_s"]
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "torch": torch.__version__, "cuda": on_gpu},
+        "settings": vars(args), "sync_vllm_colocated": sync,
+        "async_lag1_vllm_ray_worker": async_, "wall_ratio_async_over_sync": ratio,
+        "target_ratio": 0.7,
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print(
+        f"vLLM colocated, sync {sync['wall_s']:.1f}s; vLLM on a Ray worker, lag 1 "
+        f"{async_['wall_s']:.1f}s: ratio {ratio:.2f} (target <= 0.70); wrote {args.out}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -125,8 +154,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--skip-workers", action="store_true")
     parser.add_argument("--device", default=None, help="run.device (default: the config's)")
+    parser.add_argument("--generation", choices=("native", "vllm"), default="native")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.generation == "vllm":
+        main_vllm(args)
+        return
     sync = train_wall_time(args, 0)
     async_ = train_wall_time(args, 1)
     split = None

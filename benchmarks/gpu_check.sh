@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 13, in one command (about 8 minutes at most on one H200):
+# The GPU checks of issue 13, in one command (at most ~14 minutes on one H200: the sum of
+# the part limits below; ~8 when each part takes half its limit):
 #
 #   benchmarks/gpu_check.sh                    # on a CUDA machine
 #   benchmarks/gpu_check.sh --device cpu --dry # a smoke run of every piece, any machine
@@ -12,7 +13,9 @@
 #                   rldojo has a vLLM policy and vllm imports (else: skipped, and why)
 #   4. tokens       generation tokens/s: the native backend (64 prompts x 128 tokens,
 #                   greedy off, T=1) and, when vllm imports, vllm.LLM on the same prompts
-#   5. async        benchmarks/async_vs_sync.py on the device (lag 0 vs lag 1)
+#   5. async        benchmarks/async_vs_sync.py on the device (lag 0 vs lag 1); with
+#                   vllm and Ray importable also async_vllm: vLLM colocated (lag 0) vs
+#                   vLLM on a Ray rollout worker sharing the GPU (lag 1)
 #   6. vs_trl       benchmarks/vs_trl.py on the device (TRL in vLLM colocate mode when
 #                   vllm imports; rldojo's side alone when TRL is not installed), then
 #                   the same with --lora
@@ -76,7 +79,7 @@ else
   TOKENS_ARGS=(--model smollm2-135m-instruct --prompts 64 --max-new-tokens 128)
   ASYNC_ARGS=(--steps 3)
   VS_TRL_ARGS=(--steps 3)
-  LIMITS=(40 120 50 100 150)  # + 2 x 150 for vs_trl: within 8 minutes only if TRL is quick
+  LIMITS=(40 120 50 100 150)  # per part; vs_trl twice (full, LoRA)
 fi
 COMMON_SET=(--set run.device="$DEVICE" --set run.output_dir="$WORK/runs" --set run.report_to=[])
 
@@ -158,6 +161,13 @@ PYEOF
 # 5. synchronous vs asynchronous training
 part async "${LIMITS[3]}" "$OUT_DIR/async_vs_sync_$DEVICE.json" -- "$PY" benchmarks/async_vs_sync.py \
   --device "$DEVICE" --skip-workers --out "$OUT_DIR/async_vs_sync_$DEVICE.json" "${ASYNC_ARGS[@]}"
+if [ "$HAS_VLLM" = 1 ] && has ray; then
+  part async_vllm "${LIMITS[3]}" "$OUT_DIR/async_vs_sync_vllm_$DEVICE.json" -- "$PY" \
+    benchmarks/async_vs_sync.py --device "$DEVICE" --generation vllm \
+    --out "$OUT_DIR/async_vs_sync_vllm_$DEVICE.json" "${ASYNC_ARGS[@]}"
+else
+  skip async_vllm "vllm or ray does not import"
+fi
 # 6. rldojo vs TRL, full fine-tuning and LoRA
 TRL_FLAGS=(--device "$DEVICE")
 [ "$HAS_TRL" = 1 ] || TRL_FLAGS+=(--sides rldojo)

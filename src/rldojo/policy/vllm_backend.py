@@ -87,9 +87,11 @@ def check_vllm(config: TrainConfig) -> None:
     if config.loss.entropy_source != "trainer":
         raise ConfigError("generation.backend = \"vllm\" gives no full-vocabulary entropies: "
                           "set loss.entropy_source = \"trainer\"")  # fmt: skip
-    if config.rollout.max_policy_lag > 0 or config.run.cluster == "ray":
-        raise ConfigError("generation.backend = \"vllm\": colocated, synchronous only for now "
-                          "(rollout.max_policy_lag = 0, run.cluster = \"local\")")  # fmt: skip
+    if config.rollout.max_policy_lag > 0 and config.run.cluster != "ray":
+        raise ConfigError("generation.backend = \"vllm\" colocated with the trainer is "
+                          "synchronous (rollout.max_policy_lag = 0); to generate while "
+                          "it trains, run the engines on Ray workers (run.cluster = "
+                          "\"ray\")")  # fmt: skip
     _vllm()
 
 

@@ -344,17 +344,20 @@ class Trainer:
         })  # fmt: skip
 
     def _ray_pool(self, entries: list) -> Any:
-        from rldojo.cluster.ray_pool import RayRolloutPool
+        from rldojo.cluster.ray_pool import RayRolloutPool, WorkerSampler
 
         cfg = self.config
-        ro = cfg.rollout
+        ro, gen = cfg.rollout, cfg.generation
+        share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set \
+            else None  # fmt: skip
+        sampler = WorkerSampler(gen.backend, cfg.model.generation_dtype, cfg.run.seed, share)
         args = (
-            cfg.model.name, entries, cfg.grader.spec, cfg.model.generation_dtype,
+            cfg.model.name, entries, cfg.grader.spec, sampler,
             ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns, ro.worker_threads,
         )  # fmt: skip
         return RayRolloutPool(
             workers=ro.workers, actor_args=args, address=cfg.run.ray_address,
-            timeout_s=ro.worker_timeout_s,
+            timeout_s=ro.worker_timeout_s, num_gpus=ro.worker_gpus,
         )  # fmt: skip
 
     def close(self) -> None:
