@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rldojo"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 LAYERS = {
-    "types": 0, "config": 0, "cache": 0,
+    "types": 0, "config": 0, "cache": 0, "pyast": 0,
     "hardware": 1, "store": 1, "sandbox": 1, "workers": 1,
     "policy": 2, "data": 2,
     "serve": 3,

@@ -16,12 +16,13 @@ run by `rldojo.envs.tools.ToolBox`.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from rldojo import pyast
 
 __all__ = [
     "ErrorKind",
@@ -89,7 +90,7 @@ def _decode(body: str) -> Any:
         except ValueError:
             pass
         try:
-            return ast.literal_eval(text)  # single quotes, True/None; literals only
+            return pyast.literal_eval(text)  # single quotes, True/None; literals only
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             pass
     raise ValueError("not valid JSON")

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Literal
 
+from rldojo import pyast
 from rldojo.envs.arith_tools.grader import ArithToolsGrader, ArithToolsReward
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
 from rldojo.envs.tools import Tool, ToolError
@@ -121,7 +122,7 @@ def calculate(expression: str) -> str:
     text = expression.replace("^", "**").replace("×", "*").replace("÷", "/")
     text = re.sub(r"(?<=\d)_(?=\d)", "", text)
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = pyast.parse(text.strip(), mode="eval")
     except SyntaxError:
         raise ToolError(f"cannot parse {expression!r}") from None
     try:

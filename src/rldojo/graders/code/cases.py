@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rldojo import pyast
 from rldojo.graders.code.values import strict_equal
 
 Compare = str  # "eq" | "is" | "truthy" | "falsy" | "close"
@@ -240,7 +241,7 @@ def _is_noise(stmt: ast.stmt) -> bool:
 def convert_asserts(test_code: str, entry_point: str) -> list[CallTest] | None:
     """Input/expected pairs of an assert suite, or None when it needs the replay path."""
     try:
-        tree = ast.parse(test_code)
+        tree = pyast.parse(test_code)
     except SyntaxError as exc:
         raise TestSpecError(f"test code does not parse: {exc}") from exc
     names = {entry_point}

@@ -33,6 +33,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from rldojo import pyast
 from rldojo.graders.base import Grader
 from rldojo.graders.openai_templates import item_view, sample_view
 from rldojo.graders.specs.common import GraderSpecError, check_keys, require
@@ -72,7 +73,7 @@ def check_source(source: str, path: str) -> None:
     if len(source.encode()) > MAX_SOURCE_BYTES:
         raise GraderSpecError(f"{path}.source: larger than {MAX_SOURCE_BYTES // 1024} KiB")
     try:
-        tree = ast.parse(source, filename="grader.py")
+        tree = pyast.parse(source, filename="grader.py")
     except SyntaxError as exc:
         raise GraderSpecError(f"{path}.source: line {exc.lineno}: {exc.msg}") from None
     for node in tree.body:
