@@ -82,6 +82,8 @@ def _crash_in(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, when) -
 
 def test_a_run_crashed_anywhere_in_the_loop_logs_as_one_never_stopped(tmp_path, monkeypatch):
     run_training(load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=ref"]))
+    evals = sorted(p.stem for p in (tmp_path / "ref" / "evals").glob("*.jsonl"))
+    assert evals == ["after", "before", "step_1"]  # the last step's evaluation is "after"
     cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=crash"])
     run = tmp_path / "crash"
     crashes = [

@@ -237,7 +237,8 @@ class EvalConfig(_Section):
     max_new_tokens: int | None = None
     """None: same as sampling.max_new_tokens."""
     every: int = Field(0, ge=0)
-    """Also evaluate every K steps (0: only before and after)."""
+    """Also evaluate every K steps (0: only before and after). Not at the last step:
+    the "after" evaluation runs on the same weights."""
     before_tasks: int | None = Field(None, gt=0)
     """Tasks in the starting model's evaluation ("before"): the first K of the same held-out
     tasks, so paired comparisons with later evaluations run on those K (None: all

@@ -153,7 +153,8 @@ def _train_steps(
             progress.console.print(
                 _step_line(trainer.step_num, metrics, trainer.pass_threshold), soft_wrap=True
             )
-            if config.eval.every and trainer.step_num % config.eval.every == 0:
+            last = trainer.step_num >= config.run.steps  # evaluated as "after" instead
+            if config.eval.every and trainer.step_num % config.eval.every == 0 and not last:
                 label = f"step_{trainer.step_num}"
                 result = trainer.evaluate(label)
                 logger.log(trainer.step_num, result.metrics(), kind="eval")
