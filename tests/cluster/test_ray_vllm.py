@@ -12,7 +12,6 @@ fp32 on both sides, so the workers' greedy tokens must equal the trainer's own s
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 
 import pytest
@@ -20,19 +19,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from vllm_support import needs_vllm, servable_model  # noqa: E402
 
-def _vllm_reason() -> str | None:
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:
-        return f"vllm does not import here ({type(exc).__name__}: {exc})"[:200]
-    return None
-
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(_vllm_reason() is not None, reason=str(_vllm_reason())),
-]
+pytestmark = [pytest.mark.slow, needs_vllm]
 
 from rldojo.config import load_config  # noqa: E402
 from rldojo.rollout.engine import collect_rollouts  # noqa: E402
@@ -43,14 +32,8 @@ from rldojo.types import SamplingParams  # noqa: E402
 @pytest.fixture(scope="module")
 def servable_dir(tiny, tmp_path_factory):
     """tiny-random with head size 32, saved where the workers load it by name."""
-    from transformers import LlamaForCausalLM
-
-    model, tokenizer = tiny
-    config = copy.deepcopy(model.config)
-    config.head_dim = 32
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        servable = LlamaForCausalLM(config).eval()
+    servable = servable_model(tiny)
+    _, tokenizer = tiny
     path = tmp_path_factory.mktemp("servable")
     servable.save_pretrained(path)
     tokenizer.save_pretrained(path)

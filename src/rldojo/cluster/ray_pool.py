@@ -57,9 +57,11 @@ def build_sampler(model: Any, tokenizer: Any, spec: WorkerSampler) -> Any:
     if spec.backend == "vllm":
         from rldojo.policy.vllm_backend import VLLMPolicy
 
-        return VLLMPolicy(model, tokenizer, seed=spec.seed,
-                          dtype="bfloat16" if gen_dtype == torch.bfloat16 else "float32",
-                          gpu_memory_utilization=spec.gpu_memory_utilization)  # fmt: skip
+        policy = VLLMPolicy(model, tokenizer, seed=spec.seed,
+                            dtype="bfloat16" if gen_dtype == torch.bfloat16 else "float32",
+                            gpu_memory_utilization=spec.gpu_memory_utilization)  # fmt: skip
+        policy.release_model()  # new versions come as state dicts; the engine has its copy
+        return policy
     from rldojo.policy.transformers_backend import TransformersPolicy
 
     return TransformersPolicy(model.to(device), tokenizer, generation_dtype=gen_dtype)

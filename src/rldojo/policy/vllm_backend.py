@@ -295,10 +295,22 @@ class VLLMPolicy:
                 raise ValueError("VLLMPolicy serves the trainer's LoRA adapter: update_weights "
                                  "takes no state_dict")  # fmt: skip
             self._adapters.publish()
+        elif state_dict is None and self._train_model is None:
+            raise ValueError("VLLMPolicy released its model (release_model): update_weights "
+                             "needs the new weights as a state_dict")  # fmt: skip
         else:
             self._reload(plain_weights(self._train_model) if state_dict is None else state_dict)
         self.sync_seconds = time.perf_counter() - start
         self.version += 1
+
+    def release_model(self) -> None:
+        """Drop the reference to the model it was built from, for a sampler that gets
+        every new version as a state dict (a Ray rollout worker): the engine holds its own
+        copy of the weights, so the model's memory can be freed. Not under LoRA adapters,
+        which are read from the model at each publish."""
+        if self._adapters is not None:
+            raise ValueError("VLLMPolicy serves the model's LoRA adapter: it keeps the model")
+        self._train_model = None
 
     @property
     def lora_request(self) -> Any:
