@@ -143,6 +143,12 @@ def test_dry_run_prints_the_resolved_config_and_plan_and_writes_nothing(tmp_path
     assert "steps: 1, each 4 samples" in out
     assert "held-out evaluation: 2 tasks x 2 evaluations" in out
     assert "min in all" in out and "dry run: nothing was written" in out
+    # every 4 of 12 steps: before, 4, 8 and after (the last step's is "after")
+    every = ["--set", "run.steps=12", "--set", "eval.every=4"]
+    result = runner.invoke(
+        app, ["train", "--dry-run", *TINY, *every, "--set", f"run.output_dir={tmp_path / 'runs'}"]
+    )
+    assert "held-out evaluation: 2 tasks x 4 evaluations" in result.output, result.output
     assert not (tmp_path / "runs").exists()
 
 

@@ -155,7 +155,8 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
     eval_tasks = len(mixture.test_tasks) if config.eval.tasks else 0
     evaluations = 0
     if eval_tasks:
-        evaluations = 2 + (config.run.steps // config.eval.every if config.eval.every else 0)
+        every = config.eval.every  # none at the last step: "after" is that one
+        evaluations = 2 + (max(config.run.steps - 1, 0) // every if every else 0)
     eval_s = 2 * params * eval_tasks * (eval_new + prompt) / (rate * DECODE_EFFICIENCY)
     return Plan(
         steps=config.run.steps,
