@@ -29,6 +29,7 @@ import json
 import math
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,6 @@ from rldojo.envs.games import TicTacToe, TicTacToeEnv
 from rldojo.envs.games_expert import make_expert
 from rldojo.policy.base import chat_template_ids
 from rldojo.policy.models import load_model
-from rldojo.types import Task
 
 RESULTS = Path(__file__).parent / "results"
 RULES = TicTacToe()
@@ -73,11 +73,10 @@ def prompt_ids(tokenizer: Any, board: list[str], mark: str) -> list[int]:
     stones = [(i + 1, v) for i, v in enumerate(board) if v != "."]
     xs, os_ = [c for c, v in stones if v == "X"], [c for c, v in stones if v == "O"]
     opening = [c for pair in zip(xs, [*os_, None], strict=False) for c in pair if c is not None]
-    task = Task(id="probe", prompt=(
-        f"Let's play {RULES.name}. You are {mark}; X moves first. "
-        f"On your turn reply with your {RULES.move_word} as <move>N</move>."
-    ), info={"mark": mark, "opening": opening, "game": RULES.name}, env="tictactoe-v1")  # fmt: skip
     env = TicTacToeEnv()
+    # A held-out task of the same mark, its opening replaced: the env's own prompt text.
+    template = next(t for t in env.tasks("test", n=16) if t.info["mark"] == mark)
+    task = replace(template, id="probe", info={**template.info, "opening": opening})
     obs = asyncio.run(env.reset(task, seed=0))
     assert env.state.board == board, "the opening did not rebuild the position"
     return chat_template_ids(tokenizer, obs.messages) + tokenizer.encode(

@@ -50,8 +50,9 @@ class WorkerSampler:
 def build_sampler(model: Any, tokenizer: Any, spec: WorkerSampler) -> Any:
     """The worker's `Policy` on its own device: CUDA where Ray gave it a GPU."""
     from rldojo.hardware import resolve_precision
+    from rldojo.policy.device import resolve_device
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device())  # Ray shows a worker only the GPU it reserved
     dtype = resolve_precision(spec.generation_dtype, autocast_bf16=False, device=device)
     gen_dtype = dtype.torch_generation_dtype()
     if spec.backend == "vllm":
@@ -105,9 +106,10 @@ class RolloutWorker:
 
     def describe(self) -> dict[str, Any]:
         """What serves this worker's generation: its backend class, weight version, device."""
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        from rldojo.policy.device import resolve_device
+
         return {"sampler": type(self.policy).__name__, "version": self.policy.version,
-                "device": device, "pid": os.getpid()}  # fmt: skip
+                "device": str(resolve_device()), "pid": os.getpid()}  # fmt: skip
 
     def run(
         self,
