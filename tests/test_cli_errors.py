@@ -149,6 +149,13 @@ def test_dry_run_prints_the_resolved_config_and_plan_and_writes_nothing(tmp_path
         app, ["train", "--dry-run", *TINY, *every, "--set", f"run.output_dir={tmp_path / 'runs'}"]
     )
     assert "held-out evaluation: 2 tasks x 4 evaluations" in result.output, result.output
+    # without "before" (RL from an evaluated SFT checkpoint): 4, 8 and after
+    no_before = [*every, "--set", "eval.before=false"]
+    result = runner.invoke(
+        app,
+        ["train", "--dry-run", *TINY, *no_before, "--set", f"run.output_dir={tmp_path / 'runs'}"],
+    )
+    assert "held-out evaluation: 2 tasks x 3 evaluations" in result.output, result.output
     assert not (tmp_path / "runs").exists()
 
 

@@ -156,7 +156,8 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
     evaluations = 0
     if eval_tasks:
         every = config.eval.every  # none at the last step: "after" is that one
-        evaluations = 2 + (max(config.run.steps - 1, 0) // every if every else 0)
+        periodic = max(config.run.steps - 1, 0) // every if every else 0
+        evaluations = int(config.eval.before) + periodic + 1
     eval_s = 2 * params * eval_tasks * (eval_new + prompt) / (rate * DECODE_EFFICIENCY)
     return Plan(
         steps=config.run.steps,
