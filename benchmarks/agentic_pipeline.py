@@ -15,9 +15,10 @@ interval, and the paired comparisons base -> SFT and SFT -> SFT+RL on the same t
 time, the demonstrations' pass rate, SFT loss first/last, the machine (CPU flags, load).
 
 Usage: python benchmarks/agentic_pipeline.py [--envs arith-tools-v1 crm-v1 tictactoe-v1]
-           [--demos 200] [--set key=value ...] [--out runs/agentic-pipeline]
-Writes benchmarks/results/agentic_<env>.json (one file per environment, written when its
-pipeline ends).
+           [--demos 200] [--set key=value ...] [--out runs/agentic-pipeline] [--tag T]
+Writes benchmarks/results/agentic_<env>.json (agentic_<env>_<T>.json with --tag; one
+file per environment, written when its pipeline ends). With `--set eval.every=N` the
+RL run's periodic evaluations are in `during_rl`, each paired with SFT.
 """
 
 from __future__ import annotations
@@ -137,6 +138,9 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
     rl = json.loads((rl_dir / "summary.json").read_text())
     base, after_sft = _outcomes(sft_dir, "before"), _outcomes(sft_dir, "after")
     after_rl = _outcomes(rl_dir, "after")
+    periodic = sorted(  # eval.every: step_4, step_8, ... (by step)
+        (f.stem for f in (rl_dir / "evals").glob("step_*.jsonl")), key=lambda x: int(x[5:])
+    )
     return {
         "env": env_id,
         "config": str(config.relative_to(ROOT)),
@@ -168,6 +172,11 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
             "base_to_sft": _paired(base, after_sft),
             "sft_to_sft_rl": _paired(after_sft, after_rl),
         },
+        "during_rl": {
+            label: {"rate": _rate(o), "vs_sft": _paired(after_sft, o)}
+            for label in periodic
+            if (o := _outcomes(rl_dir, label)) is not None
+        },
         "wall_s": {
             "demos": t_demos,
             "sft": t_sft,
@@ -196,11 +205,15 @@ def main() -> None:
         help="override for both stages, e.g. run.steps=8",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "agentic-pipeline")
+    parser.add_argument(
+        "--tag", default="", help="results go to agentic_<env>_<tag>.json (a variant's file)"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     for env_id in args.envs:
         result = run_pipeline(env_id, args.demos, args.overrides, args.out)
-        path = RESULTS / f"agentic_{env_id.split('-v')[0].replace('-', '_')}.json"
+        stem = f"agentic_{env_id.split('-v')[0].replace('-', '_')}"
+        path = RESULTS / f"{stem}_{args.tag}.json" if args.tag else RESULTS / f"{stem}.json"
         path.write_text(json.dumps(result, indent=2))
         s, p = result["success"], result["paired"]["sft_to_sft_rl"]
         mcnemar_p = p["mcnemar"]["p_value"]

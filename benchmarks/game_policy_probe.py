@@ -15,7 +15,8 @@ assistant's ``<move>``. Reported per checkpoint:
 
 The same positions for every checkpoint (`--seed`), so differences are paired. This is the
 diagnostic behind the README's tic-tac-toe paragraph: whether RL after SFT moved mass onto
-the moves that decide games, or only sharpened the policy.
+the moves that decide games, or only sharpened the policy. An existing `--out` file of the
+same positions and seed keeps its other checkpoints (a label probed again is replaced).
 
 Usage: python benchmarks/game_policy_probe.py sft=RUN/checkpoints/step_N rl=... \
            [--positions 200] [--seed 1] [--out benchmarks/results/game_policy_probe.json]
@@ -35,7 +36,8 @@ from typing import Any
 
 import torch
 
-from rldojo.envs.games import TicTacToe, TicTacToeEnv
+from rldojo.envs.game_rules import TicTacToe
+from rldojo.envs.games import TicTacToeEnv
 from rldojo.envs.games_expert import make_expert
 from rldojo.policy.base import chat_template_ids
 from rldojo.policy.models import load_model
@@ -136,6 +138,10 @@ def main() -> None:
     args = parser.parse_args()
     boards = positions(args.positions, args.seed)
     result: dict[str, Any] = {"positions": args.positions, "seed": args.seed, "checkpoints": {}}
+    if args.out.exists():  # keep the other checkpoints probed on the same positions
+        old = json.loads(args.out.read_text())
+        if (old.get("positions"), old.get("seed")) == (args.positions, args.seed):
+            result["checkpoints"] = old.get("checkpoints", {})
     for spec in args.checkpoints:
         label, _, path = spec.partition("=")
         if not path:

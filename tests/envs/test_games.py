@@ -8,7 +8,8 @@ import random
 import pytest
 
 from rldojo.envs.base import EpisodeDone
-from rldojo.envs.games import Connect4, Connect4Env, GameGrader, TicTacToe, TicTacToeEnv
+from rldojo.envs.game_rules import Connect4, TicTacToe
+from rldojo.envs.games import Connect4Env, GameGrader, TicTacToeEnv
 from rldojo.envs.registry import make_env
 from rldojo.types import Rollout, Task
 
@@ -144,3 +145,48 @@ def test_tasks_start_positions_and_opening_move():
         "Opponent played" in obs.messages[-1]["content"]
         and "You are O" in obs.messages[-1]["content"]
     )
+
+
+def played_rollout(env, task: Task, replies: list[str]) -> Rollout:
+    """Play `replies` (stopping when the game ends) and build the rollout the engine would:
+    per policy turn 3 token ids (mask True), per environment turn 2 (mask False)."""
+    run(env.reset(task, seed=0))
+    ids, mask = [], []
+    for reply in replies:
+        step = run(env.step(reply))
+        ids += [7, 7, 7]
+        mask += [True] * 3
+        if step.done:
+            break
+        ids += [9, 9]
+        mask += [False] * 2
+    return Rollout(task.id, task.env, [], "", [1], ids, tuple(mask), info=step.info)
+
+
+def test_move_credit_marks_the_turn_that_missed_a_win():
+    # X holds 1 and 2, O holds 4 and 5: cell 3 wins, anything but 3 or 6 lets O win at 6.
+    task = Task(id="t/credit", prompt="play", info={"mark": "X", "opening": [1, 4, 2, 5]},
+                env="tictactoe-v1")  # fmt: skip
+    env = TicTacToeEnv(move_credit=1.0)
+    grader = env.default_grader()
+    won = played_rollout(env, task, ["<move>3</move>"])
+    score = run(grader.grade(won, task))
+    values = grader._expert.move_values(["X", "X", ".", "O", "O", ".", ".", ".", "."], "X")
+    assert values[3] == 1.0 and values[7] < values[6] < 1.0
+    best = 1.0 - sum(values.values()) / len(values)
+    assert score.value == 1.0 and score.token_rewards == pytest.approx((best,) * 3)
+    assert score.components["move_credit"] == pytest.approx(best)
+    # An illegal turn, then 7 (a blunder), then whatever follows: the illegal turn and the
+    # environment's tokens get nothing, the blunder its own negative credit.
+    blunder = played_rollout(env, task, ["no idea", "<move>7</move>", "<move>6</move>"])
+    score = run(grader.grade(blunder, task))
+    credits = grader.move_credits(blunder, task)
+    assert credits[0] == 0.0 and credits[1] == pytest.approx(values[7] - (1.0 - best))
+    assert credits[1] < 0
+    rewards = score.token_rewards
+    assert rewards[:3] == (0.0, 0.0, 0.0) and rewards[3:5] == (0.0, 0.0)
+    assert rewards[5:8] == pytest.approx((credits[1],) * 3)
+    # Off by default: no token rewards, the reward unchanged.
+    plain = run(GameGrader().grade(won, task))
+    assert plain.token_rewards is None and plain.value == 1.0
+    assert "move_credit" not in plain.components

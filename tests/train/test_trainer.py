@@ -133,6 +133,15 @@ def test_failed_scores_are_excluded_not_zero(tmp_path):
         # group would look informative and push the policy away from good samples.
         assert group.valid == [True, False, True, False]
         assert not group.informative
+        # Equal rewards but token rewards on a valid sample (per-move credit): signal.
+        # On a failed sample they are not.
+        scores[3] = Score(value=None, status="error", token_rewards=(0.0, -0.5))
+        assert not Group(g.task, g.rollouts, scores, g.ledger_ids).informative
+        scores[0] = Score(value=1.0, token_rewards=(0.0, 0.0))
+        assert not Group(g.task, g.rollouts, scores, g.ledger_ids).informative
+        scores[0] = Score(value=1.0, token_rewards=(0.0, -0.5))
+        assert Group(g.task, g.rollouts, scores, g.ledger_ids).informative
+        scores[0] = Score(value=1.0)
         scores[2] = Score(value=0.0)
         assert Group(g.task, g.rollouts, scores, g.ledger_ids).informative
     finally:

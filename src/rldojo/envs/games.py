@@ -16,18 +16,28 @@ continues it exactly.
 Reward (`GameGrader`): ``outcome_reward[outcome] - illegal_penalty * illegal moves``
 with outcomes win 1.0, draw 0.5, loss 0.0, forfeit 0.0, unfinished 0.0 (a limit hit
 before the game ended); ``correct`` is 1.0 for a win.
+
+Per-move credit (`move_credit` > 0): the outcome says *that* a game went wrong, not which
+move lost it, and against a random opponent it is mostly luck. The grader then also
+replays the game and values each of the policy's moves with `credit_expert` (exact
+against tic-tac-toe's random opponent), and puts ``move_credit * (value of the move -
+mean value of the legal moves)`` on the tokens of the turn that played it, as
+`Score.token_rewards` the trainer adds to the outcome's advantage: a missed win or an
+unblocked line is marked where it happened. Illegal turns get no credit (the illegal
+penalty is in the reward). ``score.components["move_credit"]`` is the mean credit.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rldojo.envs.game_rules import Connect4, Rules, TicTacToe, negamax
+from rldojo.envs.games_expert import credit_expert
 from rldojo.envs.multiturn import EpisodeLimits, MultiTurnEnv, TurnOutcome
 from rldojo.envs.registry import register
 from rldojo.types import Rollout, Score, Task
@@ -40,128 +50,6 @@ DEFAULT_N = {"train": 500, "test": 100}
 OUTCOME_REWARD = {"win": 1.0, "draw": 0.5, "loss": 0.0, "forfeit": 0.0, "unfinished": 0.0}
 
 
-class Rules:
-    """A two-player board game on a grid of ``rows x cols`` cells ('.' empty)."""
-
-    name = ""
-    rows = cols = connect = 0
-    move_word = ""
-
-    def legal(self, board: list[str]) -> list[int]:
-        raise NotImplementedError
-
-    def play(self, board: list[str], move: int, mark: str) -> int:
-        """Put `mark` for `move` (1-based); returns the cell index it landed on."""
-        raise NotImplementedError
-
-    def undo(self, board: list[str], cell: int) -> None:
-        board[cell] = "."
-
-    def wins(self, board: list[str], cell: int) -> bool:
-        """Does the stone on `cell` complete a line of `connect`?"""
-        mark, r0, c0 = board[cell], *divmod(cell, self.cols)
-        for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
-            run = 1
-            for sign in (1, -1):
-                r, c = r0 + sign * dr, c0 + sign * dc
-                while (
-                    0 <= r < self.rows and 0 <= c < self.cols and board[r * self.cols + c] == mark
-                ):
-                    run += 1
-                    r, c = r + sign * dr, c + sign * dc
-            if run >= self.connect:
-                return True
-        return False
-
-    def heuristic(self, board: list[str], mark: str) -> float:
-        """Open lines: how close each side is to connecting, from `mark`'s view."""
-        other = "O" if mark == "X" else "X"
-        score = 0.0
-        for line in self._lines:
-            cells = [board[i] for i in line]
-            mine, theirs = cells.count(mark), cells.count(other)
-            if theirs == 0 and mine:
-                score += 4.0**mine
-            elif mine == 0 and theirs:
-                score -= 4.0**theirs
-        return score / 4.0 ** (self.connect + 1)  # stays below a win's value of 1
-
-    @functools.cached_property
-    def _lines(self) -> list[tuple[int, ...]]:
-        out = []
-        n = self.connect
-        for r in range(self.rows):
-            for c in range(self.cols):
-                for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
-                    end_r, end_c = r + dr * (n - 1), c + dc * (n - 1)
-                    if 0 <= end_r < self.rows and 0 <= end_c < self.cols:
-                        out.append(tuple((r + dr * k) * self.cols + c + dc * k for k in range(n)))
-        return out
-
-    def render(self, board: list[str]) -> str:
-        raise NotImplementedError
-
-
-class TicTacToe(Rules):
-    name, rows, cols, connect, move_word = "tic-tac-toe", 3, 3, 3, "cell"
-
-    def legal(self, board: list[str]) -> list[int]:
-        return [i + 1 for i, v in enumerate(board) if v == "."]
-
-    def play(self, board: list[str], move: int, mark: str) -> int:
-        board[move - 1] = mark
-        return move - 1
-
-    def render(self, board: list[str]) -> str:
-        cells = [v if v != "." else str(i + 1) for i, v in enumerate(board)]
-        rows = [" " + " | ".join(cells[r * 3 : r * 3 + 3]) for r in range(3)]
-        return "\n---+---+---\n".join(rows)
-
-
-class Connect4(Rules):
-    name, rows, cols, connect, move_word = "connect four", 6, 7, 4, "column"
-
-    def legal(self, board: list[str]) -> list[int]:
-        return [c + 1 for c in range(self.cols) if board[c] == "."]
-
-    def play(self, board: list[str], move: int, mark: str) -> int:
-        for r in range(self.rows - 1, -1, -1):
-            cell = r * self.cols + move - 1
-            if board[cell] == ".":
-                board[cell] = mark
-                return cell
-        raise ValueError(f"column {move} is full")
-
-    def render(self, board: list[str]) -> str:
-        rows = [" ".join(board[r * 7 : r * 7 + 7]) for r in range(self.rows)]
-        return "\n".join([*rows, " ".join(str(c) for c in range(1, 8))])
-
-
-def negamax(
-    rules: Rules, board: list[str], mark: str, depth: int, alpha: float, beta: float
-) -> float:
-    """Value of `board` for `mark` to move, searching `depth` plies (win = 1, faster is better)."""
-    other = "O" if mark == "X" else "X"
-    moves = rules.legal(board)
-    if not moves:
-        return 0.0
-    if depth == 0:
-        return rules.heuristic(board, mark)
-    best = -2.0
-    for move in moves:
-        cell = rules.play(board, move, mark)
-        if rules.wins(board, cell):
-            value = 1.0 + depth * 1e-3
-        else:
-            value = -negamax(rules, board, other, depth - 1, -beta, -alpha)
-        rules.undo(board, cell)
-        best = max(best, value)
-        alpha = max(alpha, value)
-        if alpha >= beta:
-            break
-    return best
-
-
 @dataclass
 class GameState:
     board: list[str]
@@ -170,6 +58,8 @@ class GameState:
     history: list[str] = field(default_factory=list)
     illegal: int = 0
     outcome: str = "unfinished"
+    actions: list[int | None] = field(default_factory=list)
+    """The move of each policy turn, None for an illegal one."""
 
 
 class GameEnv(MultiTurnEnv):
@@ -186,6 +76,7 @@ class GameEnv(MultiTurnEnv):
         max_illegal: int = 3,
         outcome_reward: Mapping[str, float] | None = None,
         illegal_penalty: float = 0.1,
+        move_credit: float = 0.0,
         limits: EpisodeLimits | dict[str, Any] | None = None,
     ) -> None:
         if isinstance(limits, dict):
@@ -194,6 +85,8 @@ class GameEnv(MultiTurnEnv):
             raise ValueError(
                 f"{self.env_id}: need opponent_depth >= 0, 0 <= epsilon <= 1, max_illegal >= 1"
             )
+        if move_credit < 0:
+            raise ValueError(f"{self.env_id}: move_credit must be >= 0, got {move_credit}")
         super().__init__(
             limits=limits or EpisodeLimits(max_turns=self.default_max_turns),
             opponent_depth=opponent_depth,
@@ -201,11 +94,12 @@ class GameEnv(MultiTurnEnv):
             max_illegal=max_illegal,
             outcome_reward=outcome_reward,
             illegal_penalty=illegal_penalty,
+            move_credit=move_credit,
         )
         self.opponent_depth, self.opponent_epsilon = opponent_depth, opponent_epsilon
         self.max_illegal = max_illegal
         self.outcome_reward = {**OUTCOME_REWARD, **(outcome_reward or {})}
-        self.illegal_penalty = illegal_penalty
+        self.illegal_penalty, self.move_credit = illegal_penalty, move_credit
         self.state = GameState(["."] * (self.rules.rows * self.rules.cols), "X", None)
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
@@ -298,6 +192,7 @@ class GameEnv(MultiTurnEnv):
         found = _MOVE.findall(action) or _ANSWER_MOVE.findall(action)
         legal = self.rules.legal(s.board)
         move = int(found[-1]) if found and len(found[-1]) <= 3 else None
+        s.actions.append(move if move in legal else None)
         if move not in legal:
             s.illegal += 1
             why = "no <move>N</move> found" if move is None else f"{move} is not a legal move"
@@ -325,6 +220,7 @@ class GameEnv(MultiTurnEnv):
             "game/illegal_moves": s.illegal,
             "game/moves": list(s.history),
             "game/board": "".join(s.board),
+            "game/actions": list(s.actions),
         }
 
     def save_state(self) -> GameState:
@@ -334,20 +230,35 @@ class GameEnv(MultiTurnEnv):
         self.state = copy.deepcopy(state)
 
     def default_grader(self) -> GameGrader:
-        return GameGrader(self.outcome_reward, self.illegal_penalty)
+        return GameGrader(
+            self.outcome_reward,
+            self.illegal_penalty,
+            move_credit=self.move_credit,
+            rules=self.rules,
+            opponent_depth=self.opponent_depth,
+        )
 
 
 class GameGrader:
-    """``outcome_reward[outcome] - illegal_penalty * illegal moves``, from ``rollout.info``."""
+    """``outcome_reward[outcome] - illegal_penalty * illegal moves``, from ``rollout.info``;
+    with `move_credit` > 0 also per-move credit as token rewards (module docstring)."""
 
     name = "game"
     version = "1"
 
     def __init__(
-        self, outcome_reward: Mapping[str, float] | None = None, illegal_penalty: float = 0.1
+        self,
+        outcome_reward: Mapping[str, float] | None = None,
+        illegal_penalty: float = 0.1,
+        *,
+        move_credit: float = 0.0,
+        rules: Rules | None = None,
+        opponent_depth: int = 0,
     ) -> None:
         self.outcome_reward = {**OUTCOME_REWARD, **(outcome_reward or {})}
-        self.illegal_penalty = illegal_penalty
+        self.illegal_penalty, self.move_credit = illegal_penalty, move_credit
+        self.rules = rules or TicTacToe()
+        self._expert = credit_expert(self.rules, opponent_depth) if move_credit > 0 else None
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         prov = {"grader": self.name, "version": self.version}
@@ -358,16 +269,59 @@ class GameGrader:
             )
         illegal = int(rollout.info.get("game/illegal_moves", 0) or 0)
         value = self.outcome_reward[outcome] - self.illegal_penalty * illegal
+        components = {
+            "correct": float(outcome == "win"),
+            "draw": float(outcome == "draw"),
+            "illegal_moves": float(illegal),
+        }
+        token_rewards = None
+        if self.move_credit > 0:
+            credits = self.move_credits(rollout, task)
+            actions = rollout.info.get("game/actions", ())
+            legal = [c for c, a in zip(credits, actions, strict=True) if a is not None]
+            components["move_credit"] = sum(legal) / len(legal) if legal else 0.0
+            token_rewards = turn_token_rewards(rollout, [self.move_credit * c for c in credits])
         return Score(
             value,
-            components={
-                "correct": float(outcome == "win"),
-                "draw": float(outcome == "draw"),
-                "illegal_moves": float(illegal),
-            },
+            components=components,
             explanation=f"{outcome}, {illegal} illegal move(s)",
             provenance=prov,
+            token_rewards=token_rewards,
         )
+
+    def move_credits(self, rollout: Rollout, task: Task) -> list[float]:
+        """Per policy turn: the value of its move minus the mean value of the legal moves
+        (`GameExpert.move_values`), 0.0 for an illegal turn. Replays the task's opening
+        and ``game/moves``."""
+        assert self._expert is not None
+        rules, mark = self.rules, str(task.info.get("mark", "X"))
+        board = ["."] * (rules.rows * rules.cols)
+        for k, move in enumerate(task.info.get("opening", ())):
+            rules.play(board, int(move), "XO"[k % 2])
+        mine = []
+        for entry in rollout.info.get("game/moves", ()):
+            who, move = entry.split(":")
+            if who == "me":
+                values = self._expert.move_values(board, mark)
+                mine.append(values[int(move)] - sum(values.values()) / len(values))
+            rules.play(board, int(move), mark if who == "me" else ("O" if mark == "X" else "X"))
+        played, actions = iter(mine), rollout.info.get("game/actions", ())
+        return [0.0 if a is None else next(played, 0.0) for a in actions]
+
+
+def turn_token_rewards(rollout: Rollout, per_turn: list[float]) -> tuple[float, ...] | None:
+    """`per_turn[k]` on every token of the k-th policy turn (the k-th run of `policy_mask`
+    in `completion_ids`), 0 elsewhere; None without token ids."""
+    if not rollout.completion_ids:
+        return None
+    mask = rollout.policy_mask or (True,) * len(rollout.completion_ids)
+    rewards, turn, previous = [0.0] * len(mask), -1, False
+    for i, mine in enumerate(mask):
+        turn += mine and not previous
+        if mine and turn < len(per_turn):
+            rewards[i] = per_turn[turn]
+        previous = mine
+    return tuple(rewards)
 
 
 class TicTacToeEnv(GameEnv):

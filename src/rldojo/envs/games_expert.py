@@ -2,7 +2,7 @@
 
 The board and the expert's mark are read from the latest observation (the board the env
 rendered, ``You are X.``), so the expert is stateless and follows illegal-move replies
-too. Moves are searched with `rldojo.envs.games.negamax`: all nine plies in tic-tac-toe
+too. Moves are searched with `rldojo.envs.game_rules.negamax`: all nine plies in tic-tac-toe
 (perfect play), `CONNECT4_DEPTH` plies in connect four. Ties go to the first move in a
 fixed preference order (centre first), so the same position always gets the same move.
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rldojo.envs.games import Connect4, Rules, TicTacToe, negamax
+from rldojo.envs.game_rules import Connect4, Rules, TicTacToe, negamax
 from rldojo.types import Message, Task
 
-__all__ = ["CONNECT4_DEPTH", "GameExpert", "make_expert", "read_board"]
+__all__ = ["CONNECT4_DEPTH", "GameExpert", "credit_expert", "make_expert", "read_board"]
 
 CONNECT4_DEPTH = 5
 """Plies searched in connect four, about half a second a game in pure Python. Odd: the
@@ -111,6 +111,20 @@ class GameExpert:
                 best, choice = value, move
         return choice
 
+    def move_values(self, board: list[str], mark: str) -> dict[int, float]:
+        """Each legal move's value for `mark` on the outcome-reward scale (win 1, draw
+        0.5, loss 0): with `exploit_random` the exact expected reward against a uniformly
+        random opponent (best play after it), else the negamax outcome of `depth` plies
+        (1 a forced win, 0 a forced loss, 0.5 anything else)."""
+        values = {}
+        for move in self.rules.legal(board):
+            outcome, expected = self._value(board, move, mark)
+            if self.exploit_random:
+                values[move] = expected
+            else:
+                values[move] = 1.0 if outcome > 0.5 else (0.0 if outcome < -0.5 else 0.5)
+        return values
+
     def act(self, messages: list[Message], task: Task) -> str:
         """``<move>N</move>`` for the latest board the env showed."""
         for message in reversed(messages):
@@ -130,3 +144,13 @@ def make_expert(*, env_id: str = "tictactoe-v1", **_env_kwargs: Any) -> GameExpe
     if env_id == "tictactoe-v1":
         return GameExpert(TicTacToe(), 9, exploit_random=True)
     raise ValueError(f"{env_id}: no game expert (tictactoe-v1, connect4-v1)")
+
+
+def credit_expert(rules: Rules, opponent_depth: int) -> GameExpert:
+    """The searcher that values single moves for per-move credit (`GameGrader`):
+    exact expected reward against tic-tac-toe's random opponent (depth 0); perfect-play
+    outcome classes against a searching tic-tac-toe opponent; `CONNECT4_DEPTH` plies of
+    negamax in connect four (forced wins and losses within reach only)."""
+    if isinstance(rules, TicTacToe):
+        return GameExpert(rules, 9, exploit_random=opponent_depth == 0)
+    return GameExpert(rules, CONNECT4_DEPTH)

@@ -3,8 +3,9 @@
 A `Group` is the G rollouts of one task with their scores and ledger ids. A sample is
 *valid* when its rollout is trainable and its score is `ok`; failed samples are excluded
 from the group (not counted as reward 0). A group is *informative* when at least two
-valid samples have different rewards — otherwise every advantage is 0 and it carries no
-signal and is never trained (whether or not `rollout.dynamic_sampling` refills it).
+valid samples have different rewards, or a valid sample carries nonzero token rewards
+(`Score.token_rewards`) — otherwise every advantage is 0 and it carries no signal and is
+never trained (whether or not `rollout.dynamic_sampling` refills it).
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ class Group:
         rewards = self.rewards
         if len(rewards) < 2:
             return False
-        return max(rewards) > min(rewards)
+        if max(rewards) > min(rewards):
+            return True
+        return any(  # token rewards (e.g. per-move credit) are signal of their own
+            ok and s.token_rewards and any(s.token_rewards)
+            for s, ok in zip(self.scores, self.valid, strict=True)
+        )
 
 
 @dataclass
