@@ -9,6 +9,7 @@ rules' open-lines heuristic. Pure game logic: no environment, no model.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 __all__ = ["Connect4", "Rules", "TicTacToe", "negamax"]
 
@@ -29,6 +30,13 @@ class Rules:
 
     def undo(self, board: list[str], cell: int) -> None:
         board[cell] = "."
+
+    def opening_board(self, opening: Sequence[int]) -> list[str]:
+        """The board after `opening`, moves played alternately from X on an empty board."""
+        board = ["."] * (self.rows * self.cols)
+        for k, move in enumerate(opening):
+            self.play(board, int(move), "XO"[k % 2])
+        return board
 
     def wins(self, board: list[str], cell: int) -> bool:
         """Does the stone on `cell` complete a line of `connect`?"""

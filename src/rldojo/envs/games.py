@@ -134,9 +134,7 @@ class GameEnv(MultiTurnEnv):
 
     async def setup(self, task: Task, seed: int) -> None:
         rng = random.Random(f"{self.env_id}:opponent:{seed}:{task.id}")
-        board = ["."] * (self.rules.rows * self.rules.cols)
-        for k, move in enumerate(task.info.get("opening", ())):
-            self.rules.play(board, int(move), "XO"[k % 2])
+        board = self.rules.opening_board(task.info.get("opening", ()))
         self.state = GameState(board, str(task.info.get("mark", "X")), rng.getstate())
         if self._to_move() != self.state.mark:
             self._opponent_move()
@@ -295,9 +293,7 @@ class GameGrader:
         and ``game/moves``."""
         assert self._expert is not None
         rules, mark = self.rules, str(task.info.get("mark", "X"))
-        board = ["."] * (rules.rows * rules.cols)
-        for k, move in enumerate(task.info.get("opening", ())):
-            rules.play(board, int(move), "XO"[k % 2])
+        board = rules.opening_board(task.info.get("opening", ()))
         mine = []
         for entry in rollout.info.get("game/moves", ()):
             who, move = entry.split(":")

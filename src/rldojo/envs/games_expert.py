@@ -116,13 +116,12 @@ class GameExpert:
         0.5, loss 0): with `exploit_random` the exact expected reward against a uniformly
         random opponent (best play after it), else the negamax outcome of `depth` plies
         (1 a forced win, 0 a forced loss, 0.5 anything else)."""
+        if self.exploit_random:  # no negamax needed: the expectation is exhaustive
+            return {m: self._expect_move(board, m, mark) for m in self.rules.legal(board)}
         values = {}
         for move in self.rules.legal(board):
-            outcome, expected = self._value(board, move, mark)
-            if self.exploit_random:
-                values[move] = expected
-            else:
-                values[move] = 1.0 if outcome > 0.5 else (0.0 if outcome < -0.5 else 0.5)
+            outcome, _ = self._value(board, move, mark)
+            values[move] = 1.0 if outcome > 0.5 else (0.0 if outcome < -0.5 else 0.5)
         return values
 
     def act(self, messages: list[Message], task: Task) -> str:
