@@ -13,7 +13,7 @@ from typing import ClassVar
 import pytest
 
 from rldojo.envs.registry import make_env
-from rldojo.eval.harness import compare_evals, evaluate_samples
+from rldojo.eval.harness import SampledEval, TaskResult, compare_evals, evaluate_samples
 from rldojo.policy.adapters import OpenAIPolicy, TextPolicy, callable_policy, decode_chat
 from rldojo.types import Rollout, SamplingParams, Score, Task
 
@@ -114,6 +114,23 @@ def test_compare_evals_paired_bootstrap_and_mcnemar():
     assert c["mcnemar"] == {"a_only": 0, "b_only": 4, "p_value": pytest.approx(0.125)}
     assert c["diff_ci95"][0] > 0
     assert sorted(c["flipped_tasks"]["b_only"]) == sorted(t.id for t in tasks[6:])
+
+
+def test_compare_evals_pairs_episodes_without_an_answer():
+    # A game's completion is its last move, not an answer: McNemar pairs the grades.
+    def run(passes):
+        tasks = [
+            TaskResult(f"g/{i}", None, [ok], ["ok"], [float(ok)], [None], ["<move>5</move>"])
+            for i, ok in enumerate(passes)
+        ]
+        return SampledEval(1, tasks, [])
+
+    a = run([True, True, False, False, False])
+    b = run([True, False, True, True, False])
+    c = compare_evals(a, b, seed=0)
+    assert c["diff"] == pytest.approx(0.2)
+    assert c["mcnemar"]["a_only"] == 1 and c["mcnemar"]["b_only"] == 2
+    assert c["flipped_tasks"] == {"a_only": ["g/1"], "b_only": ["g/2", "g/3"]}
 
 
 class _StubChat(BaseHTTPRequestHandler):

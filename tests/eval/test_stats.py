@@ -49,6 +49,10 @@ def test_majority_vote_ties_and_correctness():
     assert majority_correct(["5", "5", "6"], [True, True, False])
     assert not majority_correct(["5", "6", "6"], [True, False, False])
     assert not majority_correct([None, None], [False, False])
+    # No answer to vote on (a game, a tool episode): the vote is over the grades.
+    assert majority_correct([None], [True])
+    assert majority_correct([None, None, None], [True, False, True])
+    assert not majority_correct([None, None], [True, False])  # a tie is not a majority
 
 
 def test_bootstrap_interval_coverage_on_synthetic_binomial_data():

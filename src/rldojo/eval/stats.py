@@ -67,13 +67,16 @@ def majority_correct(answers: Sequence[str | None], passed: Sequence[bool]) -> b
 
     `answers[i]` is sample i's normalised answer (None: no answer), `passed[i]` its grade.
     The majority answer is correct when any sample that gave it passed (samples with the
-    same normalised answer get the same grade from a deterministic grader).
+    same normalised answer get the same grade from a deterministic grader). When no
+    sample has an answer to vote on (a game, a tool-use episode: the outcome is the
+    grade, not a final answer), the vote is over the grades: more than half passed
+    (with one sample, its grade).
     """
     if len(answers) != len(passed):
         raise ValueError("answers and passed must have the same length")
     winner = majority_answer(answers)
     if winner is None:
-        return False
+        return 2 * sum(passed) > len(passed)
     return any(ok for a, ok in zip(answers, passed, strict=True) if a == winner)
 
 
