@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -156,7 +157,27 @@ def test_dry_run_prints_the_resolved_config_and_plan_and_writes_nothing(tmp_path
         ["train", "--dry-run", *TINY, *no_before, "--set", f"run.output_dir={tmp_path / 'runs'}"],
     )
     assert "held-out evaluation: 2 tasks x 3 evaluations" in result.output, result.output
+    assert '"before"' not in result.output
+    # "before" on the first task of two: counted, priced at half an evaluation
+    half = ["--set", "run.steps=1", "--set", "eval.before_tasks=1"]
+    result = runner.invoke(
+        app, ["train", "--dry-run", *TINY, *half, "--set", f"run.output_dir={tmp_path / 'runs'}"]
+    )
+    assert 'held-out evaluation: 2 tasks x 2 evaluations ("before" on the first 1)' in (
+        result.output
+    ), result.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_plan_prices_a_short_before_evaluation_by_its_tasks():
+    from rldojo.train.preflight import Plan
+
+    plan = Plan(steps=2, samples_per_step=4, max_samples_per_step=4, eval_tasks=4,
+                evaluations=3, before_tasks=1, parameters=1, prompt_tokens=1, gflops=1.0,
+                step_s=10.0, eval_s=8.0)  # fmt: skip
+    assert plan.total_s == 2 * 10.0 + (2 + 1 / 4) * 8.0  # two full evaluations, 1/4 of one
+    assert replace(plan, before_tasks=4).total_s == 2 * 10.0 + 3 * 8.0
+    assert replace(plan, before_tasks=0, evaluations=2).total_s == 2 * 10.0 + 2 * 8.0
 
 
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):

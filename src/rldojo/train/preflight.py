@@ -35,6 +35,7 @@ class Plan:
     max_samples_per_step: int
     eval_tasks: int
     evaluations: int
+    before_tasks: int  # tasks of the "before" evaluation (`eval.before_tasks`); 0: none
     parameters: int
     prompt_tokens: int
     gflops: float
@@ -43,13 +44,19 @@ class Plan:
 
     @property
     def total_s(self) -> float:
-        return self.steps * self.step_s + self.evaluations * self.eval_s
+        full = self.evaluations - (1 if self.before_tasks else 0)  # of all `eval_tasks`
+        before = self.before_tasks / self.eval_tasks if self.eval_tasks else 0.0
+        return self.steps * self.step_s + (full + before) * self.eval_s
 
     def lines(self) -> list[str]:
+        short = ""
+        if 0 < self.before_tasks < self.eval_tasks:
+            short = f' ("before" on the first {self.before_tasks})'
         return [
             f"steps: {self.steps}, each {self.samples_per_step} samples "
             f"(up to {self.max_samples_per_step} with dynamic-sampling refills)",
-            f"held-out evaluation: {self.eval_tasks} tasks x {self.evaluations} evaluations",
+            f"held-out evaluation: {self.eval_tasks} tasks x {self.evaluations} evaluations"
+            + short,
             f"model: {self.parameters / 1e6:.1f}M parameters; a prompt is ~{self.prompt_tokens}"
             " tokens",
             f"estimate (matmul probe {self.gflops:.0f} GFLOP/s, every sample at max_new_tokens):"
@@ -153,11 +160,13 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
     train_s = 6 * params * samples * (n_new + prompt / ro.group_size) / (rate * TRAIN_EFFICIENCY)
     eval_new = config.eval.max_new_tokens or n_new
     eval_tasks = len(mixture.test_tasks) if config.eval.tasks else 0
-    evaluations = 0
+    evaluations = before_tasks = 0
     if eval_tasks:
         every = config.eval.every  # none at the last step: "after" is that one
         periodic = max(config.run.steps - 1, 0) // every if every else 0
         evaluations = int(config.eval.before) + periodic + 1
+        if config.eval.before:
+            before_tasks = min(config.eval.before_tasks or eval_tasks, eval_tasks)
     eval_s = 2 * params * eval_tasks * (eval_new + prompt) / (rate * DECODE_EFFICIENCY)
     return Plan(
         steps=config.run.steps,
@@ -165,6 +174,7 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
         max_samples_per_step=samples * rounds,
         eval_tasks=eval_tasks,
         evaluations=evaluations,
+        before_tasks=before_tasks,
         parameters=params,
         prompt_tokens=prompt,
         gflops=gflops,
