@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rldojo.config import TrainConfig, dump_config
+from rldojo.train.heldout import heldout_tasks
 
 DECODE_EFFICIENCY = 0.4
 """Share of the probe's matmul rate the batched decode loop reaches (SmolLM2, 2 cores)."""
@@ -165,8 +166,8 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
         every = config.eval.every  # none at the last step: "after" is that one
         periodic = max(config.run.steps - 1, 0) // every if every else 0
         evaluations = int(config.eval.before) + periodic + 1
-        if config.eval.before:
-            before_tasks = min(config.eval.before_tasks or eval_tasks, eval_tasks)
+        if config.eval.before:  # the tasks the trainer's "before" evaluation runs
+            before_tasks = len(heldout_tasks(config, mixture.test_tasks, "before"))
     eval_s = 2 * params * eval_tasks * (eval_new + prompt) / (rate * DECODE_EFFICIENCY)
     return Plan(
         steps=config.run.steps,
