@@ -90,3 +90,64 @@ def test_eval_against_an_openai_compatible_endpoint(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _ToolCaller(BaseHTTPRequestHandler):
+    """Answers every request with a calculator call, so an episode ends only at its turn
+    limit; counts the requests it was sent."""
+
+    requests = 0
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).requests += 1
+        call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>'
+        data = json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "stub",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": call},
+                    }
+                ],
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("max_turns", [2, 3])
+def test_eval_max_turns_bounds_each_episode(tmp_path, max_turns):
+    _ToolCaller.requests = 0
+    server = HTTPServer(("127.0.0.1", 0), _ToolCaller)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "e.json"
+        args = [
+            "eval", "--model", f"http://127.0.0.1:{server.server_port}/v1#stub",
+            "--env", "arith-tools-v1", "--env-kwargs", '{"python": "off"}', "--tasks", "2",
+            "--max-turns", str(max_turns), "--out", str(out),
+        ]  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert _ToolCaller.requests == 2 * max_turns  # every episode cut at its limit
+        assert json.loads(out.read_text())["accuracy"] == 0.0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_eval_max_turns_must_be_positive():
+    result = runner.invoke(app, ["eval", "--max-turns", "0"])
+    assert result.exit_code != 0 and "--max-turns must be >= 1" in result.output

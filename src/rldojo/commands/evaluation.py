@@ -57,12 +57,14 @@ def _policy(spec: str, api_key: str | None) -> Any:
 class _Runner:
     """Runs evaluations of one environment on one event loop (grader pools bind to it)."""
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], sampling: SamplingParams) -> None:
+    def __init__(
+        self, env_id: str, env_kwargs: dict[str, Any], sampling: SamplingParams, max_turns: int
+    ) -> None:
         from rldojo.envs.registry import make_env
 
         self.make_env = lambda: make_env(env_id, **env_kwargs)
         self.grader = self.make_env().default_grader()
-        self.sampling = sampling
+        self.sampling, self.episode = sampling, {"max_turns": max_turns}
         self.loop = asyncio.new_event_loop()
 
     def run(self, policy: Any, tasks: list[Task], samples: int, seed: int) -> Any:
@@ -77,6 +79,7 @@ class _Runner:
                 self.sampling,
                 samples=samples,
                 seed=seed,
+                episode=self.episode,
             )
         )
 
@@ -209,6 +212,9 @@ def eval_(
     env: Annotated[str, typer.Option(help="Environment id")] = "arith-v1",
     tasks: Annotated[int, typer.Option(help="Tasks of the split to evaluate")] = 128,
     max_new_tokens: Annotated[int, typer.Option()] = 48,
+    max_turns: Annotated[
+        int, typer.Option(help="Model turns an episode may take (rollout.max_turns)")
+    ] = 8,
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[Path | None, typer.Option(help="Write results as JSON")] = None,
     samples: Annotated[int, typer.Option(help="Samples per task (K)")] = 1,
@@ -242,6 +248,8 @@ def eval_(
 
     if samples < 1:
         fail("--samples must be >= 1")
+    if max_turns < 1:
+        fail("--max-turns must be >= 1")
     set_threads(threads)
     opts = dict(locals())
     opts["temperature"] = temperature if temperature is not None else (0.0 if samples == 1 else 0.7)
@@ -290,7 +298,8 @@ def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
     if not task_list:
         raise ValueError(f"{o['env']} has no {o['split']} tasks")
     task_list = task_list[: o["tasks"]]
-    runner = _Runner(o["env"], kwargs, SamplingParams(o["max_new_tokens"], o["temperature"]))
+    sampling = SamplingParams(o["max_new_tokens"], o["temperature"])
+    runner = _Runner(o["env"], kwargs, sampling, o["max_turns"])
     policy = _policy(o["model"], o["api_key"])
     result = runner.run(policy, task_list, o["samples"], o["seed"])
     ks = _ks(o["samples"], o["k"])

@@ -243,13 +243,15 @@ async def evaluate_samples(
     samples: int = 1,
     seed: int = 0,
     grade_timeout_s: float = 30.0,
+    episode: Mapping[str, Any] | None = None,
 ) -> SampledEval:
-    """Run every task `samples` times with `sampling` and keep every grade."""
+    """Run every task `samples` times with `sampling` and keep every grade. `episode`
+    holds the engine's episode limits, as in `evaluate`."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     requests = [(t, j, seed + i * samples + j) for i, t in enumerate(tasks) for j in range(samples)]
     params = sampling if sampling.seed is not None else replace(sampling, seed=seed)
-    rollouts = await collect_rollouts(make_env, policy, requests, params)
+    rollouts = await collect_rollouts(make_env, policy, requests, params, **dict(episode or {}))
     scores = await grade_rollouts(
         grader, rollouts, [t for t, _, _ in requests], timeout_s=grade_timeout_s
     )
