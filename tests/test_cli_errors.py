@@ -174,10 +174,36 @@ def test_the_plan_prices_a_short_before_evaluation_by_its_tasks():
 
     plan = Plan(steps=2, samples_per_step=4, max_samples_per_step=4, eval_tasks=4,
                 evaluations=3, before_tasks=1, parameters=1, prompt_tokens=1, gflops=1.0,
-                step_s=10.0, eval_s=8.0)  # fmt: skip
+                turns=3, step_s=10.0, eval_s=8.0, one_turn_step_s=2.0,
+                one_turn_eval_s=1.0)  # fmt: skip
     assert plan.total_s == 2 * 10.0 + (2 + 1 / 4) * 8.0  # two full evaluations, 1/4 of one
     assert replace(plan, before_tasks=4).total_s == 2 * 10.0 + 3 * 8.0
     assert replace(plan, before_tasks=0, evaluations=2).total_s == 2 * 10.0 + 2 * 8.0
+    assert plan.one_turn_total_s == 2 * 2.0 + (2 + 1 / 4) * 1.0  # the lower end
+
+
+def test_the_plan_prices_every_turn_of_a_multi_turn_environment():
+    from rldojo.config import load_config
+    from rldojo.policy.models import load_model
+    from rldojo.train.preflight import check_inputs, make_plan
+
+    model, tokenizer = load_model("tiny-random")
+
+    def plan(*sets: str):
+        config = load_config(None, ["model.name=tiny-random", "eval.tasks=2", *sets])
+        return make_plan(config, check_inputs(config), model, tokenizer, gflops=0.01)
+
+    three = plan("env.id=tictactoe-v1", "rollout.max_turns=3")
+    six = plan("env.id=tictactoe-v1", "rollout.max_turns=6")
+    assert (three.turns, six.turns) == (3, 6)
+    assert three.one_turn_step_s == six.one_turn_step_s < three.step_s < six.step_s
+    assert three.one_turn_eval_s < three.eval_s < six.eval_s
+    assert three.one_turn_total_s < three.total_s
+    assert "episodes of one to 3 turns" in three.lines()[-1]
+    # tictactoe-v1's own limit (12 turns) caps rollout.max_turns
+    assert plan("env.id=tictactoe-v1", "rollout.max_turns=40").turns == 12
+    one = plan("env.id=arith-v1")  # answers once: one turn, one price
+    assert one.turns == 1 and one.step_s == one.one_turn_step_s and "turns" not in one.lines()[-1]
 
 
 def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatch, capsys):

@@ -8,7 +8,12 @@ parameters and tokenise one prompt) and prints an estimate of the run's time fro
 cached matmul probe (`rldojo.hardware.precision`).
 
 The estimate is an upper bound in the sense that every sample is assumed to use all of
-`sampling.max_new_tokens`; real completions are usually shorter. Its two efficiency
+`sampling.max_new_tokens`; real completions are usually shorter. A multi-turn environment
+(one with episode `limits`) is priced at every one of its turns, `min(rollout.max_turns,
+limits.max_turns)`: each turn decodes `max_new_tokens`, the environment's reply is counted
+as long as a model turn, the engine re-encodes the whole conversation before each turn,
+and training sees every turn; the plan also shows the one-turn price, the lower end (an
+episode that ends after its first move). Its two efficiency
 factors (how much of the probe's GFLOP/s decoding and training reach) were measured on
 SmolLM2-135M on 2-core EPYC machines of both CPU kinds (issue 11): about 0.4 for the
 batched decode loop and 0.7 for the training forward/backward.
@@ -17,7 +22,7 @@ batched decode loop and 0.7 for the training forward/backward.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rldojo.config import TrainConfig, dump_config
@@ -40,8 +45,16 @@ class Plan:
     parameters: int
     prompt_tokens: int
     gflops: float
-    step_s: float
-    eval_s: float
+    turns: int  # the most model turns an episode may take (1: single-turn environments)
+    step_s: float  # a step, every episode at `turns` turns
+    eval_s: float  # an evaluation, likewise
+    one_turn_step_s: float  # a step if every episode ended after its first turn
+    one_turn_eval_s: float
+
+    @property
+    def one_turn_total_s(self) -> float:
+        """`total_s` if every episode ended after its first turn (the lower end)."""
+        return replace(self, step_s=self.one_turn_step_s, eval_s=self.one_turn_eval_s).total_s
 
     @property
     def total_s(self) -> float:
@@ -60,9 +73,16 @@ class Plan:
             + short,
             f"model: {self.parameters / 1e6:.1f}M parameters; a prompt is ~{self.prompt_tokens}"
             " tokens",
-            f"estimate (matmul probe {self.gflops:.0f} GFLOP/s, every sample at max_new_tokens):"
-            f" ~{self.step_s:.0f} s a step, ~{self.eval_s:.0f} s an evaluation, "
-            f"~{self.total_s / 60:.1f} min in all",
+            f"estimate (matmul probe {self.gflops:.0f} GFLOP/s, every sample at max_new_tokens"
+            + (
+                f"; episodes of one to {self.turns} turns): "
+                f"~{self.one_turn_step_s:.0f}-{self.step_s:.0f} s a step, "
+                f"~{self.one_turn_eval_s:.0f}-{self.eval_s:.0f} s an evaluation, "
+                f"~{self.one_turn_total_s / 60:.1f}-{self.total_s / 60:.1f} min in all"
+                if self.turns > 1
+                else f"): ~{self.step_s:.0f} s a step, ~{self.eval_s:.0f} s an evaluation, "
+                f"~{self.total_s / 60:.1f} min in all"
+            ),
         ]
 
 
@@ -136,29 +156,56 @@ def check_inputs(config: TrainConfig) -> Any:
     return mixture
 
 
-def _prompt_tokens(mixture: Any, tokenizer: Any) -> int:
-    slot = next(iter(mixture.slots.values()))
-    if not slot.train_tasks:
-        return 0
-    task = slot.train_tasks[0]
-    env = mixture.make_env_for(task)
-    observation = asyncio.run(env.reset(task, seed=0))
-    text = tokenizer.apply_chat_template(
-        observation.messages, tokenize=False, add_generation_prompt=True
+def _prompt_and_turns(mixture: Any, tokenizer: Any, max_turns: int) -> tuple[int, int]:
+    """The first environment's prompt tokens; the most model turns any episode may take
+    (an environment without episode `limits` answers once)."""
+    prompt, turns = 0, 1
+    for i, slot in enumerate(mixture.slots.values()):
+        if not slot.train_tasks:
+            continue
+        task = slot.train_tasks[0]
+        env = mixture.make_env_for(task)
+        limits = getattr(env, "limits", None)
+        if limits is not None:
+            turns = max(turns, min(max_turns, limits.max_turns))
+        if i == 0:
+            observation = asyncio.run(env.reset(task, seed=0))
+            text = tokenizer.apply_chat_template(
+                observation.messages, tokenize=False, add_generation_prompt=True
+            )
+            prompt = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return prompt, turns
+
+
+def _episode_cost(params: int, n: int, new: int, prompt: int, turns: int, rate: float) -> float:
+    """Seconds to generate `n` episodes of `turns` turns: the one-turn price (decoding
+    `new` tokens and the prompt, at the decode efficiency) plus, from the second turn, the
+    re-encoded conversation (prompt and 2 x `new` tokens a finished turn) and `new` more."""
+    first = 2 * params * n * (new + prompt) / (rate * DECODE_EFFICIENCY)
+    later = sum(
+        2 * params * n * new / (rate * DECODE_EFFICIENCY)
+        + 2 * params * n * (prompt + 2 * t * new) / (rate * TRAIN_EFFICIENCY)
+        for t in range(1, turns)
     )
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return first + later
 
 
 def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gflops: float) -> Plan:
     """The run's size and a time estimate (see the module docstring)."""
     ro, n_new = config.rollout, config.sampling.max_new_tokens
     params = sum(p.numel() for p in model.parameters())
-    prompt = _prompt_tokens(mixture, tokenizer)
+    prompt, turns = _prompt_and_turns(mixture, tokenizer, ro.max_turns)
     samples = ro.prompts_per_step * ro.group_size
     rounds = 1 + (ro.max_extra_rounds if ro.dynamic_sampling else 0)
     rate = max(gflops, 1e-3) * 1e9
-    generate_s = 2 * params * samples * n_new / (rate * DECODE_EFFICIENCY)
-    train_s = 6 * params * samples * (n_new + prompt / ro.group_size) / (rate * TRAIN_EFFICIENCY)
+
+    def step_s(t: int) -> float:
+        # the prompt's decode-time cost is left out of a step's generation (calibrated so)
+        generate = _episode_cost(params, samples, n_new, prompt, t, rate)
+        generate -= 2 * params * samples * prompt / (rate * DECODE_EFFICIENCY)
+        trained = (2 * t - 1) * n_new + prompt / ro.group_size  # completion + shared prompt
+        return generate + 6 * params * samples * trained / (rate * TRAIN_EFFICIENCY)
+
     eval_new = config.eval.max_new_tokens or n_new
     eval_tasks = len(mixture.test_tasks) if config.eval.tasks else 0
     evaluations = before_tasks = 0
@@ -168,7 +215,6 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
         evaluations = int(config.eval.before) + periodic + 1
         if config.eval.before:  # the tasks the trainer's "before" evaluation runs
             before_tasks = len(heldout_tasks(config, mixture.test_tasks, "before"))
-    eval_s = 2 * params * eval_tasks * (eval_new + prompt) / (rate * DECODE_EFFICIENCY)
     return Plan(
         steps=config.run.steps,
         samples_per_step=samples,
@@ -179,8 +225,11 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
         parameters=params,
         prompt_tokens=prompt,
         gflops=gflops,
-        step_s=generate_s + train_s,
-        eval_s=eval_s,
+        turns=turns,
+        step_s=step_s(turns),
+        eval_s=_episode_cost(params, eval_tasks, eval_new, prompt, turns, rate),
+        one_turn_step_s=step_s(1),
+        one_turn_eval_s=_episode_cost(params, eval_tasks, eval_new, prompt, 1, rate),
     )
 
 
