@@ -192,3 +192,21 @@ def test_move_credit_marks_the_turn_that_missed_a_win():
     plain = run(GameGrader().grade(won, task))
     assert plain.token_rewards is None and plain.value == 1.0
     assert "move_credit" not in plain.components
+
+
+def test_connect4_move_credit_marks_the_missed_win():
+    # X holds the bottom of columns 1-3 (O on top of them): column 4 wins now.
+    task = Task(id="c/credit", prompt="play", info={"mark": "X", "opening": [1, 1, 2, 2, 3, 3]},
+                env="connect4-v1")  # fmt: skip
+    env = Connect4Env(move_credit=1.0)
+    grader = env.default_grader()
+    values = grader._expert.move_values(env.rules.opening_board([1, 1, 2, 2, 3, 3]), "X")
+    mean = sum(values.values()) / len(values)
+    assert values[4] == 1.0 and values[7] < 1.0  # the searcher sees the win in one
+    won = played_rollout(env, task, ["<move>4</move>"])
+    score = run(grader.grade(won, task))
+    assert score.value == 1.0 and score.token_rewards == pytest.approx((1.0 - mean,) * 3)
+    missed = played_rollout(env, task, ["<move>7</move>", "<move>7</move>", "<move>6</move>"])
+    credits = grader.move_credits(missed, task)
+    assert credits[0] == pytest.approx(values[7] - mean) and credits[0] < 0 < 1.0 - mean
+    assert run(grader.grade(missed, task)).token_rewards[:3] == pytest.approx((credits[0],) * 3)
