@@ -164,6 +164,19 @@ def test_sft_evaluates_before_and_after_on_the_heldout_tasks(tiny, tmp_path):
         assert [json.loads(r)["task_id"] for r in rows] == expected
 
 
+@pytest.mark.parametrize("skip", ["eval.before=false", "sft.eval_before=false"])
+def test_either_key_skips_the_starting_models_evaluation(tiny, tmp_path, skip):
+    data = tmp_path / "demos.jsonl"
+    _write_demos(data, tiny, n=2)
+    cfg = load_config(None, ["model.name=tiny-random", "env.id=arith-tools-v1",
+                             'env.kwargs={levels = [1], python = "off"}', "eval.tasks=2",
+                             "eval.max_new_tokens=4", "sft.epochs=1", "run.report_to=[]",
+                             "run.threads=1", skip])  # fmt: skip
+    summary = run_sft(cfg, data, run_dir=tmp_path / "run")
+    assert set(summary["evals"]) == {"after"}
+    assert sorted(p.name for p in (tmp_path / "run" / "evals").iterdir()) == ["after.jsonl"]
+
+
 def test_schedule_covers_every_demo_once_per_epoch_in_length_sorted_micro_batches():
     lengths = [5, 50, 7, 30, 9, 100, 3]
     steps = sft_schedule(lengths, batch_size=4, micro_batch_size=2, epochs=2, seed=0)

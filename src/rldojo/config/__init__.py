@@ -247,7 +247,8 @@ class EvalConfig(_Section):
     before: bool = True
     """Evaluate the starting model too. `false` when its accuracy on these tasks is known
     already, e.g. RL from an SFT checkpoint whose `rldojo sft` run evaluated it ("after"
-    in that run's `evals/`, the same greedy episodes): it saves one evaluation."""
+    in that run's `evals/`, the same greedy episodes): it saves one evaluation. `rldojo
+    sft` honours it too (and its own `sft.eval_before`)."""
 
 
 Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]

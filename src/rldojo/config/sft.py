@@ -34,4 +34,5 @@ class SftConfig(_Section):
     """Train only on lines whose `passed` is true (lines without the key are kept)."""
     eval_before: bool = True
     """Evaluate the starting model on the held-out tasks too (`[eval]`), so one run gives
-    both the base and the SFT accuracy, on the same tasks."""
+    both the base and the SFT accuracy, on the same tasks. `eval.before = false` skips it
+    as well (either key is enough)."""

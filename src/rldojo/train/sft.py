@@ -246,7 +246,7 @@ def run_sft(
             log_eval(console, logger, run_dir, label, step, result)
             return eval_record(result)
 
-        if mixture is not None and s.eval_before:
+        if mixture is not None and s.eval_before and cfg.eval.before:
             evals["before"] = heldout("before", 0)
         steps = sft_schedule(
             [len(r.prompt_ids) + len(r.completion_ids) for r in demo_set.rollouts],
