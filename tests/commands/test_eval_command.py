@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
+from typing import ClassVar
 
 import pytest
+from chat_stub import ChatStub
 from typer.testing import CliRunner
 
 from rldojo.cli import app
@@ -49,33 +51,12 @@ def test_eval_bad_input_is_one_line():
     assert result.exit_code == 2 and "unknown perturbation" in result.output
 
 
-class _Stub(BaseHTTPRequestHandler):
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        a, b = re.search(r"What is (\d+) \+ (\d+)\?", body["messages"][-1]["content"]).groups()
-        data = json.dumps(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": f"Answer: {int(a) + int(b)}"},
-                    }
-                ],
-            }
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+class _Stub(ChatStub):
+    seen: ClassVar[list[dict]] = []
 
-    def log_message(self, *args):
-        pass
+    def answer(self, body):
+        a, b = re.search(r"What is (\d+) \+ (\d+)\?", body["messages"][-1]["content"]).groups()
+        return f"Answer: {int(a) + int(b)}"
 
 
 def test_eval_against_an_openai_compatible_endpoint(tmp_path):
@@ -92,44 +73,19 @@ def test_eval_against_an_openai_compatible_endpoint(tmp_path):
         server.server_close()
 
 
-class _ToolCaller(BaseHTTPRequestHandler):
+class _ToolCaller(ChatStub):
     """Answers every request with a calculator call, so an episode ends only at its turn
-    limit; counts the requests it was sent."""
+    limit; `seen` counts the requests."""
 
-    requests = 0
+    seen: ClassVar[list[dict]] = []
 
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).requests += 1
-        call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>'
-        data = json.dumps(
-            {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "stub",
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": call},
-                    }
-                ],
-            }
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+    def answer(self, body):
+        return '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>'
 
 
 @pytest.mark.parametrize("max_turns", [2, 3])
 def test_eval_max_turns_bounds_each_episode(tmp_path, max_turns):
-    _ToolCaller.requests = 0
+    _ToolCaller.seen.clear()
     server = HTTPServer(("127.0.0.1", 0), _ToolCaller)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -141,7 +97,7 @@ def test_eval_max_turns_bounds_each_episode(tmp_path, max_turns):
         ]  # fmt: skip
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
-        assert _ToolCaller.requests == 2 * max_turns  # every episode cut at its limit
+        assert len(_ToolCaller.seen) == 2 * max_turns  # every episode cut at its limit
         assert json.loads(out.read_text())["accuracy"] == 0.0
     finally:
         server.shutdown()

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from typing import ClassVar
 
 import pytest
+from chat_stub import ChatStub
 
 from rldojo.envs.registry import make_env
 from rldojo.eval.harness import SampledEval, TaskResult, compare_evals, evaluate_samples
@@ -133,39 +133,13 @@ def test_compare_evals_pairs_episodes_without_an_answer():
     assert c["flipped_tasks"] == {"a_only": ["g/1"], "b_only": ["g/2", "g/3"]}
 
 
-class _StubChat(BaseHTTPRequestHandler):
+class _StubChat(ChatStub):
     """A stand-in OpenAI-compatible server: answers the arithmetic question correctly."""
 
     seen: ClassVar[list[dict]] = []
 
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _StubChat.seen.append(body)
-        reply = {
-            "id": "cmpl-1",
-            "object": "chat.completion",
-            "created": 0,
-            "model": body["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": f"Answer: {_solve(body['messages'])}",
-                    },
-                    "finish_reason": "stop",
-                }
-            ],
-        }
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+    def answer(self, body):
+        return f"Answer: {_solve(body['messages'])}"
 
 
 @pytest.fixture
