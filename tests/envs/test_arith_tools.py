@@ -105,6 +105,9 @@ def test_scripted_calculator_episode_earns_the_reward():
     assert grade(env, task, episode(env, task, many)[0]).value == pytest.approx(1.1 - 0.08)
     wrong = grade(env, task, episode(env, task, ["<answer>12</answer>"])[0])
     assert wrong.value == pytest.approx(0.1) and wrong.components["correct"] == 0.0
+    # The format shown in the system prompt, copied literally, is no answer: no tag bonus.
+    placeholder = grade(env, task, episode(env, task, ["<answer>...</answer>"])[0])
+    assert placeholder.value == pytest.approx(0.0) and placeholder.components["tags"] == 0.0
     silent = grade(env, task, episode(env, task, ["hmm"] * 6)[0])
     assert silent.value == pytest.approx(-0.2) and silent.components["format"] == 0.0
 

@@ -16,7 +16,7 @@ with the reason instead; ``python="off"`` never offers it.
 Reward (`ArithToolsGrader`, every term configurable):
 
     reward = correct
-           + tag_reward * (answer in <answer> tags and no protocol error)
+           + tag_reward * (an integer in <answer> tags and no protocol error)
            - tool_cost * (tool calls, failed ones included)        # over-use hurts too
            - format_penalty * (no final answer)
            - error_penalty * min(protocol errors, error_cap)

@@ -3,7 +3,7 @@
 `ArithToolsGrader`, every term configurable (`ArithToolsReward`):
 
     reward = correct
-           + tag_reward * (answer in <answer> tags and no protocol error)
+           + tag_reward * (an integer in <answer> tags and no protocol error)
            - tool_cost * (tool calls, failed ones included)        # over-use hurts too
            - format_penalty * (no final answer)
            - error_penalty * min(protocol errors, error_cap)
@@ -29,6 +29,13 @@ class ArithToolsReward:
     format_penalty: float = 0.2
     error_penalty: float = 0.05
     error_cap: int = 5
+
+
+# The tag bonus is paid for a well-formed answer (an integer), not for the tags alone: the
+# system prompt shows the format as `<answer>...</answer>`, and a weak policy that copies
+# that literally would otherwise earn the bonus with no answer at all. Measured: one RL
+# step from a light cold start collapsed every sample onto `<answer>...</answer>` (+0.1,
+# no tool cost, no penalty) and the held-out accuracy from 73% to 0%.
 
 
 def _integer(text: str | None) -> int | None:
@@ -60,7 +67,7 @@ class ArithToolsGrader:
             error_penalty=r.error_penalty,
             error_cap=r.error_cap,
         )
-        tags_ok = fmt["format"] == 1.0 and fmt["protocol_errors"] == 0
+        tags_ok = answer is not None and fmt["protocol_errors"] == 0
         attempts = fmt["tool_calls"] + fmt["tool_errors"]
         value = correct + r.tag_reward * tags_ok - r.tool_cost * attempts - penalty
         return Score(
