@@ -31,13 +31,6 @@ class ArithToolsReward:
     error_cap: int = 5
 
 
-# The tag bonus is paid for a well-formed answer (an integer), not for the tags alone: the
-# system prompt shows the format as `<answer>...</answer>`, and a weak policy that copies
-# that literally would otherwise earn the bonus with no answer at all. Measured: one RL
-# step from a light cold start collapsed every sample onto `<answer>...</answer>` (+0.1,
-# no tool cost, no penalty) and the held-out accuracy from 73% to 0%.
-
-
 def _integer(text: str | None) -> int | None:
     if text is None:
         return None
@@ -67,6 +60,10 @@ class ArithToolsGrader:
             error_penalty=r.error_penalty,
             error_cap=r.error_cap,
         )
+        # The bonus needs a well-formed answer (an integer), not the tags alone: the system
+        # prompt shows the format as `<answer>...</answer>`, and a weak policy copies that
+        # literally. Measured: one RL step from a light cold start put every sample there
+        # (+0.1, no tool cost, no penalty) and held-out accuracy went from 73% to 0%.
         tags_ok = answer is not None and fmt["protocol_errors"] == 0
         attempts = fmt["tool_calls"] + fmt["tool_errors"]
         value = correct + r.tag_reward * tags_ok - r.tool_cost * attempts - penalty
