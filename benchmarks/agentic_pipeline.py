@@ -156,6 +156,7 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
             "loss_first": sft["loss_first"],
             "loss_last": sft["loss_last"],
             "assistant_tokens": sft["assistant_tokens"],
+            "turn_budget": sft["turn_budget"],
         },
         "rl": {
             "steps": rl["steps"],

@@ -5,10 +5,12 @@ SFT lowering the loss on its demonstrations, and the command's one-line errors."
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from rldojo.cli import app
@@ -16,7 +18,7 @@ from rldojo.config import load_config
 from rldojo.envs.registry import make_env
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.rollout.replay import ScriptedPolicy, conversation_rollout, split_conversation
-from rldojo.train.sft import read_demos, run_sft, sft_schedule
+from rldojo.train.sft import assistant_turn_tokens, read_demos, run_sft, sft_schedule
 from rldojo.train.step_metrics import info_metrics
 from rldojo.types import SamplingParams
 
@@ -97,6 +99,7 @@ def test_demo_tokens_are_the_rollout_tokens_and_only_assistant_tokens_train(tiny
             runs[-1].append(token)
         previous = trained
     assert runs == expected
+    assert assistant_turn_tokens(replayed) == [len(run) for run in expected]
     # everything else is the template around the turns and the environment's messages
     untrained = tokenizer.decode(
         [t for t, m in zip(replayed.completion_ids, replayed.policy_mask, strict=True) if not m]
@@ -125,14 +128,44 @@ def _write_demos(path: Path, tiny, n: int = 6) -> None:
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
+def _longest_turns(path: Path, tokenizer) -> list[int]:
+    """Per passed demonstration, its longest assistant turn in tokens (+1: end of turn)."""
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    turns = [
+        [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+        for row in rows
+        if row["passed"]
+    ]
+    return [
+        max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1 for text in texts)
+        for texts in turns
+    ]
+
+
 def test_sft_lowers_the_loss_on_its_demonstrations_and_writes_a_train_checkpoint(tiny, tmp_path):
     data = tmp_path / "demos.jsonl"
     _write_demos(data, tiny)
+    longest = _longest_turns(data, tiny[1])
+    limit = sorted(longest)[2]  # some demonstrations' tool call is longer, some not
     cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "sft.epochs=12",
                              "sft.lr=1e-2", "sft.batch_size=6", "optim.micro_batch_size=4",
+                             f"sampling.max_new_tokens={limit}", "eval.max_new_tokens=512",
                              "run.report_to=[]", "run.threads=1"])  # fmt: skip
-    summary = run_sft(cfg, data, run_dir=tmp_path / "run")
+    out = io.StringIO()
+    summary = run_sft(cfg, data, run_dir=tmp_path / "run", console=Console(file=out, width=200))
     assert summary["demonstrations"] == 6 and summary["left_out"] == {"not_passed": 1}
+    # the budget check: demonstrations RL (sampling.max_new_tokens) would cut, warned
+    over = sum(n > limit for n in longest)
+    assert 0 < over < 6
+    assert summary["turn_budget"]["longest_turn_tokens"] == max(longest)
+    assert summary["turn_budget"]["demos_over"] == {
+        "sampling.max_new_tokens": over,
+        "eval.max_new_tokens": 0,
+    }
+    warnings = [x for x in out.getvalue().splitlines() if x.startswith("warning:")]
+    assert len(warnings) == 1
+    assert f"{over} of 6 demonstrations" in warnings[0]
+    assert f"sampling.max_new_tokens = {limit}" in warnings[0]
     assert summary["steps"] == 12
     assert summary["loss_last"] < 0.5 * summary["loss_first"]
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -23,7 +23,10 @@ Run directory (`run.output_dir`/`run.name`), the layout of `rldojo train`'s:
     RUN/checkpoints/step_N/  the checkpoint format of `rldojo train`: start RL from it
                          with `--set model.name=RUN/checkpoints/step_N` (under LoRA it
                          holds the adapter: `rldojo export ... --merge` first)
-    RUN/summary.json     demonstrations used and left out, loss first/last, accuracies
+    RUN/summary.json     demonstrations used and left out, loss first/last, accuracies,
+                         `turn_budget` (the longest assistant turn; demonstrations with a
+                         turn over `sampling.max_new_tokens` / `eval.max_new_tokens`, which
+                         RL and the evaluations would cut: warned at the start)
 """
 
 from __future__ import annotations
@@ -66,7 +69,15 @@ from rldojo.train.trainer import lr_lambda, seed_everything
 from rldojo.train.update import forward_context
 from rldojo.types import Message, Rollout
 
-__all__ = ["Demo", "read_demos", "run_sft", "sft_schedule", "sft_step", "tokenize_demos"]
+__all__ = [
+    "Demo",
+    "assistant_turn_tokens",
+    "read_demos",
+    "run_sft",
+    "sft_schedule",
+    "sft_step",
+    "tokenize_demos",
+]
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -145,6 +156,38 @@ def tokenize_demos(
     return out
 
 
+def assistant_turn_tokens(rollout: Rollout) -> list[int]:
+    """Tokens in each assistant turn (each run of `policy_mask` ones: the content and its
+    end-of-turn token): what a sampler has to generate, within `max_new_tokens`, to
+    reproduce that turn."""
+    runs: list[int] = []
+    previous = False
+    for trained in rollout.policy_mask:
+        if trained and not previous:
+            runs.append(0)
+        if trained:
+            runs[-1] += 1
+        previous = bool(trained)
+    return runs
+
+
+def turn_budget(cfg: TrainConfig, rollouts: Sequence[Rollout]) -> dict[str, Any]:
+    """The longest assistant turn of the demonstrations, and how many demonstrations have
+    a turn longer than the config's generation budgets. RL and the evaluations sample
+    with those budgets: a turn that does not fit is cut there, so a policy cannot
+    reproduce it (and a shorter, wrong turn can out-earn the cut right one)."""
+    longest = [max(assistant_turn_tokens(r)) for r in rollouts]
+    limits = {
+        "sampling.max_new_tokens": cfg.sampling.max_new_tokens,
+        "eval.max_new_tokens": cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
+    }
+    return {
+        "longest_turn_tokens": max(longest),
+        "demos_over": {key: sum(n > limit for n in longest) for key, limit in limits.items()},
+        "limits": limits,
+    }
+
+
 def sft_schedule(
     lengths: Sequence[int], *, batch_size: int, micro_batch_size: int, epochs: int, seed: int
 ) -> list[list[list[int]]]:
@@ -221,6 +264,7 @@ def run_sft(
     demo_set.skipped["not_passed"] += not_passed
     if not demo_set.rollouts:
         raise DataError(path, None, f"no demonstration left to train on ({dict(demo_set.skipped)})")
+    budget = turn_budget(cfg, demo_set.rollouts)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(run_dir / "config.toml", dump_config(cfg))
     console.print(
@@ -229,6 +273,15 @@ def run_sft(
         f"threads: {threads.describe()}",
         soft_wrap=True,
     )
+    for key, over in budget["demos_over"].items():
+        if over:
+            console.print(
+                f"[yellow]warning:[/] {over} of {len(demo_set.rollouts)} demonstrations have an "
+                f"assistant turn longer than {key} = {budget['limits'][key]} tokens (longest "
+                f"{budget['longest_turn_tokens']}): sampled with it, a policy cannot reproduce "
+                "them; raise it",
+                soft_wrap=True,
+            )
     logger = MetricsLogger(run_dir, report_to=cfg.run.report_to, config=cfg.model_dump(mode="json"))
     evals: dict[str, dict[str, Any]] = {}
     loop: asyncio.AbstractEventLoop | None = None
@@ -295,6 +348,7 @@ def run_sft(
         "demonstrations": len(demo_set.rollouts),
         "left_out": dict(demo_set.skipped),
         "assistant_tokens": sum(sum(r.policy_mask) for r in demo_set.rollouts),
+        "turn_budget": budget,
         "steps": len(steps),
         "loss_first": losses[0],
         "loss_last": losses[-1],
