@@ -36,9 +36,11 @@ from rldojo.types import Rollout, Score, Task
 
 __all__ = ["CrmGrader", "CrmReward", "evaluate_state", "mention_score"]
 
+# Words that say the work was done. "now" covers "The deal is now in the proposal stage",
+# which an RL policy learned to answer to a move request without calling a tool.
 _CLAIM = re.compile(
     r"\b(done|updated|moved|closed|created|logged|sent|emailed|marked|applied|completed|"
-    r"changed|opened|set)\b",
+    r"changed|opened|set|now)\b",
     re.IGNORECASE,
 )
 _NEGATION = re.compile(
