@@ -98,7 +98,16 @@ def test_eval_max_turns_bounds_each_episode(tmp_path, max_turns):
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
         assert len(_ToolCaller.seen) == 2 * max_turns  # every episode cut at its limit
-        assert json.loads(out.read_text())["accuracy"] == 0.0
+        data = json.loads(out.read_text())
+        assert data["accuracy"] == 0.0
+        # --out keeps each sample's whole episode: every call and the calculator's result
+        assert [r["task_id"] for r in data["records"]] == [r["task_id"] for r in data["rows"]]
+        for record in data["records"]:  # the call of the last turn is cut, not run
+            roles = [m["role"] for m in record["turns"]]
+            assert roles == ["assistant", "tool"] * (max_turns - 1) + ["assistant"]
+            results = [m["content"] for m in record["turns"] if m["role"] == "tool"]
+            assert all('"result": "6"' in c for c in results)
+            assert record["turns"][-1]["content"] == record["completion"]
     finally:
         server.shutdown()
         server.server_close()

@@ -216,7 +216,12 @@ def eval_(
         int, typer.Option(help="Model turns an episode may take (rollout.max_turns)")
     ] = 8,
     seed: Annotated[int, typer.Option()] = 0,
-    out: Annotated[Path | None, typer.Option(help="Write results as JSON")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write results as JSON (per task; per sample, turns included: `records`)"
+        ),
+    ] = None,
     samples: Annotated[int, typer.Option(help="Samples per task (K)")] = 1,
     temperature: Annotated[
         float | None, typer.Option(help="Default: greedy for K=1, else 0.7")
@@ -332,6 +337,7 @@ def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
     if groups:
         console.print(failures_table(groups, title=f"failure modes of {o['model']}"))
     data["failures"] = [g.__dict__ for g in groups]
+    data["records"] = result.records
     console.print(f"statuses {data['statuses']}")
     return data
 
