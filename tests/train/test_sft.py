@@ -166,6 +166,10 @@ def test_sft_lowers_the_loss_on_its_demonstrations_and_writes_a_train_checkpoint
     assert len(warnings) == 1
     assert f"{over} of 6 demonstrations" in warnings[0]
     assert f"sampling.max_new_tokens = {limit}" in warnings[0]
+    precision = summary["precision"]  # the console says what the run chose, as train does
+    line = next(x for x in out.getvalue().splitlines() if x.startswith("precision: "))
+    assert f"generation {precision['generation_dtype']}, training fp32" in line
+    assert precision["reason"] in line
     assert summary["steps"] == 12
     assert summary["loss_last"] < 0.5 * summary["loss_first"]
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

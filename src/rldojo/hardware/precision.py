@@ -66,6 +66,11 @@ class Precision:
         out["probe_gflops"] = out.pop("probe")
         return out
 
+    def describe(self) -> str:
+        """One line for a run's console: both dtypes and why they were chosen."""
+        autocast = " + bf16 autocast" if self.autocast_bf16 else ""
+        return f"generation {self.generation_dtype}, training fp32{autocast} ({self.reason})"
+
     def torch_generation_dtype(self) -> torch.dtype:
         return torch.bfloat16 if self.generation_dtype == "bfloat16" else torch.float32
 

@@ -95,12 +95,7 @@ def run_training(
     started = time.perf_counter()
     trainer = Trainer(config, run_dir, resume=resume)  # checks every input first
     console.print(f"[bold]rldojo train[/] {config.model.name} on {config.env.id} -> {run_dir}")
-    p = trainer.precision
-    console.print(
-        f"precision: generation {p.generation_dtype}, training fp32"
-        f"{' + bf16 autocast' if p.autocast_bf16 else ''} ({p.reason})",
-        soft_wrap=True,
-    )
+    console.print(f"precision: {trainer.precision.describe()}", soft_wrap=True)
     console.print(f"threads: {trainer.threads.describe()}", soft_wrap=True)
     console.print(f"device: {trainer.device} (run.device = {config.run.device!r}); "
                   f"{_trainable(trainer.model)}", soft_wrap=True)  # fmt: skip

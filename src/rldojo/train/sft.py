@@ -273,6 +273,7 @@ def run_sft(
         f"threads: {threads.describe()}",
         soft_wrap=True,
     )
+    console.print(f"precision: {precision.describe()}", soft_wrap=True)
     for key, over in budget["demos_over"].items():
         if over:
             console.print(
