@@ -33,6 +33,13 @@ RolloutStatus = Literal["ok", "env_error", "policy_error", "timeout", "truncated
 FinishReason = Literal["stop", "length"]
 
 
+def first_policy_turn(messages: Sequence[Message]) -> int:
+    """Where a conversation's prompt ends: the index of its first assistant message
+    (`len(messages)` when there is none), so `messages[:i]` is the prompt and
+    `messages[i:]` the episode's turns."""
+    return next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+
+
 @dataclass(frozen=True)
 class Task:
     """One problem an environment can pose.

@@ -35,7 +35,7 @@ from rldojo.graders.base import Grader, passed
 from rldojo.graders.rules import extract_answer, normalize_answer
 from rldojo.policy.base import Policy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
-from rldojo.types import Rollout, SamplingParams, Score, Task
+from rldojo.types import Rollout, SamplingParams, Score, Task, first_policy_turn
 
 
 @dataclass
@@ -214,7 +214,6 @@ def _record(task: Task, r: Rollout, s: Score, ok: bool) -> dict[str, Any]:
     """One sample's grade and episode. `turns` is the conversation after the prompt (from
     the first policy turn on: tool results and environment turns included), so a
     multi-turn failure can be read whole, not only its final `completion`."""
-    first = next((i for i, m in enumerate(r.messages) if m["role"] == "assistant"), None)
     return {
         "task_id": task.id,
         "env": r.env or task.env,
@@ -227,7 +226,7 @@ def _record(task: Task, r: Rollout, s: Score, ok: bool) -> dict[str, Any]:
         "flags": list(s.flags),
         "explanation": s.explanation,
         "completion": r.completion,
-        "turns": [] if first is None else [dict(m) for m in r.messages[first:]],
+        "turns": [dict(m) for m in r.messages[first_policy_turn(r.messages) :]],
         "passed": ok,
         "info": {k: v for k, v in r.info.items() if isinstance(v, str | int | float | bool)},
     }

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rldojo.types import Rollout, Score
+from rldojo.types import Rollout, Score, first_policy_turn
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -186,8 +186,7 @@ class Ledger:
         out = []
         for task_id, messages, completion, value, status, components in rows:
             conversation = json.loads(messages)
-            first = next((i for i, m in enumerate(conversation) if m["role"] == "assistant"),
-                         len(conversation))  # fmt: skip
+            first = first_policy_turn(conversation)
             out.append({
                 "task_id": task_id, "prompt": conversation[:first], "completion": completion,
                 "reward": value, "components": json.loads(components), "status": status,
