@@ -33,7 +33,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from machine_load import cpu_flags, load_average  # benchmarks/ is on sys.path
+from machine_load import cpu_flags, gpu_name, load_average  # benchmarks/ is on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -161,6 +161,7 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
         "rl": {
             "steps": rl["steps"],
             "mean_step_s": rl["mean_step_s"],
+            "stopped": rl.get("stopped"),  # "max_minutes": run.max_minutes ended it
             "rollouts": rl["rollouts"],
             "statuses": rl["statuses"],
         },
@@ -187,6 +188,7 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
         "machine": {
             "cpu_flags": cpu_flags(),
             "cores": os.cpu_count(),
+            "gpu": gpu_name(),
             "load_start": load_start,
             "load_end": load_average(),
         },

@@ -33,3 +33,19 @@ def cpu_flags() -> list[str]:
     flags = next((ln.split(":", 1)[1].split() for ln in out.splitlines()
                   if ln.startswith("Flags")), [])  # fmt: skip
     return sorted({f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")})
+
+
+def gpu_name() -> str | None:
+    """The first NVIDIA GPU's name (`nvidia-smi`), None where there is none."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = out.strip().splitlines()
+    return names[0].strip() if names else None

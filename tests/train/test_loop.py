@@ -113,3 +113,23 @@ def test_eval_before_false_skips_only_the_starting_evaluation(tmp_path):
     assert [r["step"] for r in _logged(run) if r.get("kind") == "eval"] == [1]  # "after" only
     summary = json.loads((run / "summary.json").read_text())
     assert summary["accuracy_before"] is None and summary["accuracy_after"] is not None
+
+
+def test_max_minutes_spent_stops_stepping_then_evaluates_and_checkpoints(tmp_path):
+    # A budget far below one step's duration: spent after the first step, whatever the
+    # machine's speed (no timing is assumed beyond "a step takes over 60 ns").
+    cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=budget",
+                             "run.steps=3", "run.max_minutes=1e-9"])  # fmt: skip
+    summary = run_training(cfg)
+    run = tmp_path / "budget"
+    assert summary["steps"] == 1 and summary["stopped"] == "max_minutes"
+    # Step 1's evaluation is the final one ("after"), as for the last of run.steps.
+    assert sorted(p.stem for p in (run / "evals").glob("*.jsonl")) == ["after", "before"]
+    assert [r["step"] for r in _logged(run) if "reward/mean" in r] == [1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]
+    assert json.loads((run / "summary.json").read_text())["stopped"] == "max_minutes"
+    # Resumed without the budget, the run trains on to run.steps.
+    more = load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=budget",
+                              "run.steps=3"])  # fmt: skip
+    assert run_training(more, run_dir=run, resume=True)["stopped"] == "steps"
+    assert [r["step"] for r in _logged(run) if "reward/mean" in r] == [1, 2, 3]

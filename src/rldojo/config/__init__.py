@@ -257,6 +257,12 @@ Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]
 class RunConfig(_Section):
     steps: int = Field(12, ge=0)
     """Optimizer steps to train (a resumed run trains up to this many in all)."""
+    max_minutes: float | None = Field(None, gt=0)
+    """Wall-clock budget of this invocation's training steps, in minutes (None: none). No
+    step starts once it is spent: the run then evaluates ("after"), checkpoints and
+    summarises as it would at `steps` (`summary.json`: `stopped` is "max_minutes", else
+    "steps"). The step under way finishes, so a run overshoots by at most one step; the
+    starting evaluation is not counted; a resumed run has the whole budget again."""
     seed: int = 0
     """Seeds task order, sampling and initialisation: the same seed, the same run."""
     output_dir: str = "runs"

@@ -14,7 +14,8 @@
     RUN/evals/LABEL.jsonl  per held-out task of an evaluation ("before", "after",
                            "step_K"): task id, passed, value, status; runs evaluated on
                            the same tasks pair by task id (`benchmarks/agentic_pipeline.py`)
-    RUN/summary.json       held-out accuracy before/after, timings
+    RUN/summary.json       held-out accuracy before/after, timings, `stopped` (`run.steps`
+                           reached, or `run.max_minutes` spent)
 
 Resuming (`--resume RUN`) continues from the newest checkpoint; everything a step logs,
 evaluations included, is written before that step's checkpoint, so the log lines of later
@@ -113,7 +114,7 @@ def run_training(
         if config.eval.tasks and config.eval.before and "before" not in trainer.evals:
             result = trainer.evaluate("before")
             log_eval(console, logger, run_dir, "before", trainer.step_num, result)
-        _train_steps(config, trainer, logger, console)
+        stopped = _train_steps(config, trainer, logger, console)
         # Evaluated before the final checkpoint, which keeps the result: a run resumed
         # from that checkpoint has nothing left to do (and logs nothing twice).
         if config.eval.tasks and (trainer.step_num > start or "after" not in trainer.evals):
@@ -121,6 +122,7 @@ def run_training(
             log_eval(console, logger, run_dir, "after", trainer.step_num, result)
         trainer.save()
         summary = _summary(config, trainer, time.perf_counter() - started)
+        summary["stopped"] = stopped
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         _print_summary(console, summary)
         return summary
@@ -131,7 +133,9 @@ def run_training(
 
 def _train_steps(
     config: TrainConfig, trainer: Trainer, logger: MetricsLogger, console: Console
-) -> None:
+) -> str:
+    """Step to `run.steps`, or until `run.max_minutes` is spent; returns which stopped it
+    ("steps" or "max_minutes")."""
     columns = (
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -141,6 +145,8 @@ def _train_steps(
     )
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("training", total=config.run.steps, completed=trainer.step_num)
+        budget = None if config.run.max_minutes is None else 60 * config.run.max_minutes
+        started = time.perf_counter()
         while trainer.step_num < config.run.steps:
             metrics = trainer.step()
             logger.log(trainer.step_num, metrics)
@@ -148,16 +154,22 @@ def _train_steps(
             progress.console.print(
                 _step_line(trainer.step_num, metrics, trainer.pass_threshold), soft_wrap=True
             )
-            last = trainer.step_num >= config.run.steps  # evaluated as "after" instead
+            spent = budget is not None and time.perf_counter() - started >= budget
+            last = trainer.step_num >= config.run.steps or spent  # evaluated as "after"
             if config.eval.every and trainer.step_num % config.eval.every == 0 and not last:
                 label = f"step_{trainer.step_num}"
                 result = trainer.evaluate(label)
                 logger.log(trainer.step_num, result.metrics(), kind="eval")
                 save_eval_rows(trainer.run_dir, label, result)
             every = config.run.checkpoint_every  # after the step's logs and evaluation
-            if every and trainer.step_num % every == 0 and trainer.step_num < config.run.steps:
+            if every and trainer.step_num % every == 0 and not last:
                 trainer.save()
             progress.update(bar, completed=trainer.step_num)
+            if spent and not trainer.step_num >= config.run.steps:
+                progress.console.print(f"run.max_minutes = {config.run.max_minutes:g} spent: "
+                                       f"stopping after step {trainer.step_num}")  # fmt: skip
+                return "max_minutes"
+    return "steps"
 
 
 def _trainable(model: Any) -> str:
