@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rldojo.cache import cache_dir
+from rldojo.policy.attention import use_safe_sdpa
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
@@ -181,6 +182,7 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
         first = " ".join(str(exc).split())[:300]
         raise ModelLoadError(f"cannot load model {name!r}: {first}{hint}") from exc
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    use_safe_sdpa(model)  # left padding must not put NaN into gradients on CUDA
     return model, tokenizer
 
 

@@ -1,0 +1,133 @@
+"""Do fully masked attention rows (left padding) put NaN into gradients? Plain SDPA vs
+rldojo's `SAFE_SDPA` (`rldojo.policy.attention`), on this machine's device.
+
+    python benchmarks/sdpa_padding_check.py [--device cuda] [--out FILE]
+
+1. `kernels`: `F.scaled_dot_product_attention` alone, per SDPA backend (efficient, cuDNN,
+   math) and dtype, over left-padded batches of several lengths: a boolean causal mask
+   whose padding rows are all False ("plain") or with those rows unmasked ("safe"). The
+   loss reads real rows only; reported: cases with a NaN in the real rows' output, cases
+   with a NaN in the gradient of q, k or v, and the largest error of a real row's output
+   against the fp32 math kernel's.
+2. `model`: a small random Llama (transformers) in bf16 autocast, a left-padded batch,
+   the loss on real tokens; cases whose weight gradients hold a NaN, with the model's
+   attention "sdpa" and `SAFE_SDPA`.
+Needs torch and transformers only (PYTHONPATH=src for rldojo.policy.attention). Writes
+JSON to --out (default benchmarks/results/sdpa_padding_check_<device>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from rldojo.policy.attention import SAFE_SDPA, use_safe_sdpa
+
+LENGTHS = [(24, 3), (64, 17), (100, 40), (129, 64), (256, 130)]  # (L, padding of row 1)
+
+
+def _mask(length: int, pad: int, device: str, safe: bool) -> torch.Tensor:
+    """[2, 1, L, L] causal mask; row 1's first `pad` positions are padding."""
+    keys = torch.ones(2, length, dtype=torch.bool, device=device)
+    keys[1, :pad] = False
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    mask = causal[None, None] & keys[:, None, None, :]  # [2, 1, L, L]
+    return mask | ~mask.any(-1, keepdim=True) if safe else mask
+
+
+def kernels(device: str) -> list[dict]:
+    backends = {"default": None, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}  # fmt: skip
+    if device == "cuda":
+        backends["cudnn"] = SDPBackend.CUDNN_ATTENTION
+    out = []
+    for name, backend in backends.items():
+        for dtype in (torch.bfloat16, torch.float32):
+            for safe in (False, True):
+                row = {"backend": name, "dtype": str(dtype), "mask": "safe" if safe else "plain",
+                       "cases": 0, "nan_output": 0, "nan_grad": 0, "max_err_real": 0.0,
+                       "error": None}  # fmt: skip
+                for length, pad in LENGTHS:
+                    g = torch.Generator(device="cpu").manual_seed(length)
+                    q, k, v = (torch.randn(2, 4, length, 64, generator=g).to(device, dtype)
+                               .requires_grad_() for _ in range(3))  # fmt: skip
+                    real = torch.ones(2, 1, length, 1, device=device, dtype=dtype)
+                    real[1, :, :pad] = 0
+                    try:
+                        with sdpa_kernel([backend]) if backend else nullcontext():
+                            o = F.scaled_dot_product_attention(q, k, v, _mask(length, pad, device,
+                                                                              safe))  # fmt: skip
+                            torch.where(real.bool(), o, 0).float().sum().backward()
+                    except RuntimeError as exc:  # the backend does not take this case
+                        row["error"] = str(exc).splitlines()[0][:160]
+                        continue
+                    with sdpa_kernel([SDPBackend.MATH]):  # the reference: fp32, math kernel
+                        exact = [t.detach().float() for t in (q, k, v)]
+                        ref = F.scaled_dot_product_attention(*exact, _mask(length, pad, device,
+                                                                           False))  # fmt: skip
+                    err = (o.float() - ref).abs()[real.bool().expand_as(o)].max().item()
+                    row["max_err_real"] = max(row["max_err_real"], err)
+                    row["cases"] += 1
+                    row["nan_output"] += int(o[real.bool().expand_as(o)].isnan().any())
+                    row["nan_grad"] += int(any(t.grad.isnan().any() for t in (q, k, v)))
+                out.append(row)
+    return out
+
+
+def model(device: str) -> list[dict]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2)  # fmt: skip
+    out = []
+    for attention in ("sdpa", SAFE_SDPA):
+        torch.manual_seed(0)
+        net = LlamaForCausalLM(config).to(device)
+        if attention == SAFE_SDPA:
+            use_safe_sdpa(net)
+        row = {"attention": net.config._attn_implementation, "cases": 0, "nan_loss": 0,
+               "nan_grad": 0, "losses": []}  # fmt: skip
+        for length, pad in LENGTHS:
+            ids = torch.randint(3, 512, (2, length), device=device)
+            am = torch.ones(2, length, dtype=torch.long, device=device)
+            am[1, :pad] = 0
+            pos = (am.cumsum(-1) - 1).clamp(min=0)
+            net.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=torch.bfloat16):
+                logits = net(input_ids=ids, attention_mask=am, position_ids=pos).logits
+            loss = F.cross_entropy(logits[:, :-1].float()[am[:, 1:].bool()],
+                                   ids[:, 1:][am[:, 1:].bool()])  # fmt: skip
+            loss.backward()
+            row["cases"] += 1
+            row["nan_loss"] += int(loss.isnan())
+            row["losses"].append(round(loss.item(), 5))
+            row["nan_grad"] += int(any(p.grad.isnan().any() for p in net.parameters()
+                                       if p.grad is not None))  # fmt: skip
+        out.append(row)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    out = args.out or Path(__file__).parent / "results" / f"sdpa_padding_check_{args.device}.json"
+    result = {"device": args.device, "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+              "kernels": kernels(args.device), "model": model(args.device)}  # fmt: skip
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
