@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -254,3 +256,35 @@ def test_missing_data_is_a_one_line_error(tmp_path):
     assert result.exit_code == 2 and "none.jsonl: file not found" in result.output
     result = CliRunner().invoke(app, ["sft"])
     assert result.exit_code == 2 and "no demonstrations" in result.output
+
+
+def test_a_nan_gradient_skips_its_step_counted_and_warned(tiny, tmp_path, monkeypatch):
+    from rldojo.train import sft as sft_module
+
+    original, calls = sft_module.sft_step, []
+
+    def poisoned(model, *args, **kwargs):  # step 2's gradient is NaN (a kernel's, say)
+        out = original(model, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            next(p for p in model.parameters() if p.grad is not None).grad.fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(sft_module, "sft_step", poisoned)
+    data = tmp_path / "demos.jsonl"
+    _write_demos(data, tiny)
+    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "sft.epochs=3",
+                             "sft.batch_size=6", "run.report_to=[]", "run.threads=1"])  # fmt: skip
+    out = io.StringIO()
+    summary = run_sft(cfg, data, run_dir=tmp_path / "run", console=Console(file=out, width=200))
+    assert summary["steps"] == 3 and summary["nonfinite_skipped"] == 1
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["sft/nonfinite_skipped"] for r in records if r["kind"] == "sft"] == [0.0, 1.0, 0.0]
+    lines = out.getvalue().splitlines()
+    assert any(x.startswith("warning: sft step 2: gradient norm nan") for x in lines)
+    # the skipped step changed nothing: step 3 trained from finite weights, and so on
+    from rldojo.policy.models import load_model
+
+    model, _ = load_model(summary["checkpoint"])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert math.isfinite(summary["loss_last"])

@@ -130,3 +130,25 @@ def test_mini_batches_make_later_steps_off_policy_so_the_clip_binds(tiny):
     assert two["loss/ratio_mean"] != pytest.approx(1.0, abs=1e-3)
     epochs = _sgd_update(copy.deepcopy(base), batch, selected, "optim.epochs=2", lr=1000.0)
     assert epochs["optim/steps"] == 2 and epochs["loss/clip_frac"] > 0  # pass 2 is stale
+
+
+def test_a_nan_gradient_skips_that_optimizer_step_only(tiny, monkeypatch):
+    base, tok = tiny
+    model = copy.deepcopy(base)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = build_token_batch(ROLLOUTS, tok.pad_token_id, group_ids=[0, 0, 1, 1])
+    original, calls = PolicyUpdate._microbatch_backward, []
+
+    def poisoned(self, *args, **kwargs):  # the first mini-batch's gradient is NaN
+        out = original(self, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            next(p for p in self.model.parameters() if p.grad is not None).grad.fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(PolicyUpdate, "_microbatch_backward", poisoned)
+    m = _sgd_update(model, batch, batch.policy_mask.clone(), "optim.mini_batches=2", lr=0.1)
+    assert m["optim/steps"] == 2 and m["optim/nonfinite_skipped"] == 1
+    assert all(torch.isfinite(v).all() for v in model.state_dict().values())
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(v, start[k])]
+    assert moved  # the second mini-batch's step was taken

@@ -36,6 +36,7 @@ from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts
 from rldojo.train.batch import TokenBatch, build_token_batch, completion_logits
+from rldojo.train.update import clipped_step
 from rldojo.types import Rollout, SamplingParams
 
 __all__ = ["DistillConfig", "distill", "token_kl"]
@@ -138,9 +139,9 @@ def _train_step(
         )
         (loss_sum / tokens).backward()
         total += float(loss_sum.detach())
-    grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
-    optimizer.step()
-    return {"loss/kl": total / tokens, "optim/grad_norm": float(grad_norm), "tokens": tokens}
+    grad_norm, stepped = clipped_step(optimizer, student.parameters(), cfg.grad_clip)
+    return {"loss/kl": total / tokens, "optim/grad_norm": float(grad_norm), "tokens": tokens,
+            "optim/nonfinite_skipped": float(not stepped)}  # fmt: skip
 
 
 def _step_rollouts(

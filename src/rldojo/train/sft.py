@@ -66,7 +66,7 @@ from rldojo.train.loop import new_run_dir
 from rldojo.train.preflight import build_mixture, pass_threshold
 from rldojo.train.resources import resolve_resources
 from rldojo.train.trainer import lr_lambda, seed_everything
-from rldojo.train.update import forward_context
+from rldojo.train.update import clipped_step, forward_context
 from rldojo.types import Message, Rollout
 
 __all__ = [
@@ -316,22 +316,28 @@ def run_sft(
         )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         losses: list[float] = []
+        skipped = 0  # steps whose gradient was NaN or inf
         autocast = partial(forward_context, cfg, model, device)
         for k, micro_batches in enumerate(steps, start=1):
             t0 = time.perf_counter()
             loss, tokens = sft_step(model, demo_set.rollouts, micro_batches, pad_id=pad_id,
                                     autocast=autocast)  # fmt: skip
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip))
             lr = scheduler.get_last_lr()[0]
-            optimizer.step()
+            norm, stepped = clipped_step(optimizer, params, cfg.optim.grad_clip)
+            grad_norm = float(norm)
+            skipped += not stepped
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss)
             metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": grad_norm,
-                       "sft/lr": lr, "time/step": time.perf_counter() - t0}  # fmt: skip
+                       "sft/lr": lr, "sft/nonfinite_skipped": float(not stepped),
+                       "time/step": time.perf_counter() - t0}  # fmt: skip
             logger.log(k, metrics, kind="sft")
             console.print(f"sft step {k:>3}/{len(steps)} loss {loss:.4f} tokens {tokens} "
                           f"lr {lr:.2e}", soft_wrap=True)  # fmt: skip
+            if not stepped:
+                console.print(f"warning: sft step {k}: gradient norm {grad_norm}, step "
+                              "skipped (weights unchanged)", soft_wrap=True)  # fmt: skip
         policy.update_weights(None)  # the sampler sees the trained weights
         if mixture is not None:
             evals["after"] = heldout("after", len(steps))
@@ -353,6 +359,7 @@ def run_sft(
         "steps": len(steps),
         "loss_first": losses[0],
         "loss_last": losses[-1],
+        "nonfinite_skipped": skipped,
         "accuracy_before": evals.get("before", {}).get("accuracy"),
         "accuracy_after": evals.get("after", {}).get("accuracy"),
         "evals": evals,

@@ -56,6 +56,20 @@ def release_freed_memory() -> None:
         trim(0)
 
 
+def clipped_step(
+    optimizer: torch.optim.Optimizer, params: Any, max_norm: float
+) -> tuple[torch.Tensor, bool]:
+    """Clip the gradient to `max_norm` and take the optimizer step, unless its norm is not
+    finite: a NaN or inf gradient (a kernel's NaN, an overflow) would make every weight
+    NaN for good, so that step is skipped and the weights and the optimizer's state stay
+    as they were. Returns (the norm before clipping, whether the step was taken)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    finite = bool(torch.isfinite(norm))
+    if finite:
+        optimizer.step()
+    return norm, finite
+
+
 def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) -> torch.Tensor:
     """Sequence advantages [B] broadcast to tokens [B, T], plus any per-token rewards."""
     out = advantages[:, None].expand(-1, t).clone()  # [B, T]
@@ -107,7 +121,8 @@ class PolicyUpdate:
         self, batch: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, version: int
     ) -> dict[str, Any]:
         """`epochs` x `mini_batches` optimizer steps on the batch; metrics are the steps'
-        means (`optim/steps` counts them, `optim/grad_norm_max` is the largest norm)."""
+        means (`optim/steps` counts them, `optim/grad_norm_max` is the largest norm,
+        `optim/nonfinite_skipped` counts those skipped for a NaN or inf gradient)."""
         oc = self.config.optim
         several = oc.mini_batches > 1 or oc.epochs > 1
         old = self._old_logprobs(batch, selected) if several else None  # [B, T] or None
@@ -125,6 +140,8 @@ class PolicyUpdate:
                 ))  # fmt: skip
         out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
         out["optim/grad_norm_max"] = max(s["optim/grad_norm"] for s in steps)
+        # optimizer steps skipped for a NaN or inf gradient (a count, not a mean)
+        out["optim/nonfinite_skipped"] = sum(s["optim/nonfinite_skipped"] for s in steps)
         out["optim/steps"] = len(steps)
         return out
 
@@ -170,8 +187,9 @@ class PolicyUpdate:
                 unweighted = ("tokens", "loss", "mismatch", "tis", "measured")
                 scaled = value if key in unweighted else value * weight
                 sums[key] = sums.get(key, 0.0) + scaled
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
-        self.optimizer.step()
+        grad_norm, stepped = clipped_step(
+            self.optimizer, self.model.parameters(), cfg.optim.grad_clip
+        )
         self.optimizer.zero_grad(set_to_none=True)  # free the gradients before generating
         release_freed_memory()
         tokens = max(sums.pop("tokens", 0.0), 1.0)
@@ -183,6 +201,7 @@ class PolicyUpdate:
             out["policy/tis_weight_mean"] = tis / measured
         out |= {f"loss/{k}": v / tokens for k, v in sums.items()}
         out["optim/grad_norm"] = float(grad_norm)
+        out["optim/nonfinite_skipped"] = 0.0 if stepped else 1.0
         return out
 
     def _microbatch_backward(
