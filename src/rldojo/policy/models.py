@@ -18,6 +18,7 @@ import difflib
 import functools
 import importlib.util
 import inspect
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ TINY_RANDOM = "tiny-random"
 BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
 
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_EOS = "<|im_end|>"
 
 
 class ModelLoadError(RuntimeError):
@@ -65,6 +67,11 @@ def _export_smollm2(target: Path) -> None:
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # What transformers reads from the GGUF's tokenizer metadata depends on its version:
+    # 5.17 makes <|im_start|> the end-of-sequence token and sets no padding token, so SFT
+    # taught turns to end in <|im_start|>. SmolLM2-Instruct's turns end in <|im_end|>,
+    # its padding token too (as in the model's own tokenizer_config.json).
+    tokenizer.eos_token = tokenizer.pad_token = SMOLLM2_EOS
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
@@ -87,10 +94,25 @@ def _smollm2_export() -> Path:
     return cache_dir() / "models" / SMOLLM2
 
 
+def _export_is_current(target: Path) -> bool:
+    """An export whose end-of-sequence token is <|im_end|> (an older transformers may have
+    written another: see `_export_smollm2`)."""
+    try:
+        config = json.loads((target / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (target / "config.json").exists() and config.get("eos_token") == SMOLLM2_EOS
+
+
 def smollm2_dir() -> Path:
-    """A safetensors copy of SmolLM2-135M-Instruct, exported from the GGUF on first use."""
+    """A safetensors copy of SmolLM2-135M-Instruct, exported from the GGUF on first use
+    (and again over an export with the wrong end-of-sequence token)."""
     target = _smollm2_export()
-    if not (target / "config.json").exists():
+    if not _export_is_current(target):
+        if target.exists():
+            import shutil
+
+            shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         _export_smollm2(target)
     return target
