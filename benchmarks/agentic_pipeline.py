@@ -11,7 +11,9 @@ two-stage recipe of `examples/agentic_*.toml` with the commands a user types:
 and reads the per-task held-out outcomes the runs write (`RUN/evals/*.jsonl`, greedy, the
 same test tasks in every stage) to report per stage the success rate with its Wilson 95%
 interval, and the paired comparisons base -> SFT and SFT -> SFT+RL on the same tasks
-(exact McNemar; paired bootstrap of the difference). Also recorded: each stage's wall
+(exact McNemar; paired bootstrap of the difference), and per stage passed/total by kind of
+task (`by_kind`: crm's template, arith-tools' level, tic-tac-toe's mark), which shows
+whether a gain is a skill learned or a shift between kinds. Also recorded: each stage's wall
 time, the demonstrations' pass rate, SFT loss first/last, the machine (CPU flags, load).
 
 Usage: python benchmarks/agentic_pipeline.py [--envs arith-tools-v1 crm-v1 tictactoe-v1]
@@ -80,6 +82,33 @@ def _rate(outcomes: dict[str, bool] | None) -> dict[str, Any] | None:
     k, n = sum(outcomes.values()), len(outcomes)
     lo, hi = wilson_interval(k, n)
     return {"passed": k, "n": n, "rate": k / max(n, 1), "ci95": [lo, hi]}
+
+
+# The task `info` key whose values split each environment's held-out tasks into kinds.
+GROUP_BY = {"arith-tools-v1": "level", "crm-v1": "template", "tictactoe-v1": "mark"}
+
+
+def _by_kind(
+    config: Path, overrides: list[str], key: str, stages: dict[str, dict[str, bool] | None]
+) -> dict[str, Any]:
+    """Passed/total per value of the test tasks' `info[key]`, per stage: where a stage's
+    gain (or loss) lies, e.g. which crm templates RL moved. The tasks are the ones the
+    runs evaluated (the same config, overrides and seed)."""
+    from rldojo.config import load_config
+    from rldojo.train.preflight import build_mixture
+
+    tasks = build_mixture(load_config(config, overrides)).test_tasks
+    kind = {t.id: str(t.info.get(key)) for t in tasks}
+    out: dict[str, Any] = {"key": key}
+    for stage, outcomes in stages.items():
+        if outcomes is None:
+            continue
+        counts: dict[str, list[int]] = {}
+        for task_id, passed in outcomes.items():
+            c = counts.setdefault(kind.get(task_id, "?"), [0, 0])
+            c[0], c[1] = c[0] + passed, c[1] + 1
+        out[stage] = {k: f"{v[0]}/{v[1]}" for k, v in sorted(counts.items())}
+    return out
 
 
 def _paired(a: dict[str, bool] | None, b: dict[str, bool] | None) -> dict[str, Any] | None:
@@ -174,6 +203,12 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
             "base_to_sft": _paired(base, after_sft),
             "sft_to_sft_rl": _paired(after_sft, after_rl),
         },
+        "by_kind": _by_kind(
+            config,
+            overrides,
+            GROUP_BY[env_id],
+            {"base": base, "sft": after_sft, "sft_rl": after_rl},
+        ),
         "during_rl": {
             label: {"rate": _rate(o), "vs_sft": _paired(after_sft, o)}
             for label in periodic
