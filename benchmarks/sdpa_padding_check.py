@@ -3,15 +3,17 @@ rldojo's `SAFE_SDPA` (`rldojo.policy.attention`), on this machine's device.
 
     python benchmarks/sdpa_padding_check.py [--device cuda] [--out FILE]
 
-1. `kernels`: `F.scaled_dot_product_attention` alone, per SDPA backend (efficient, cuDNN,
-   math) and dtype, over left-padded batches of several lengths: a boolean causal mask
-   whose padding rows are all False ("plain") or with those rows unmasked ("safe"). The
-   loss reads real rows only; reported: cases with a NaN in the real rows' output, cases
-   with a NaN in the gradient of q, k or v, and the largest error of a real row's output
-   against the fp32 math kernel's.
+1. `kernels`: `F.scaled_dot_product_attention` alone, per SDPA backend (default, flash,
+   efficient, math; cuDNN on CUDA) and dtype, over left-padded batches of several
+   lengths: a boolean causal mask whose padding rows are all False ("plain") or with
+   those rows unmasked ("safe"). The loss reads real rows only; reported: cases with a
+   NaN in the real rows' output, cases with a NaN in the gradient of q, k or v, and the
+   largest error of a real row's output against the fp32 math kernel's.
 2. `model`: a small random Llama (transformers) in bf16 autocast, a left-padded batch,
    the loss on real tokens; cases whose weight gradients hold a NaN, with the model's
    attention "sdpa" and `SAFE_SDPA`.
+3. `cost`: a SmolLM2-shaped model's forward on 8 left-padded rows of 1024 tokens, "sdpa"
+   vs `SAFE_SDPA` (bf16 autocast, medians of 3): what the mask's extra pass costs.
 Needs torch and transformers only (PYTHONPATH=src for rldojo.policy.attention). Writes
 JSON to --out (default benchmarks/results/sdpa_padding_check_<device>.json).
 """
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -116,6 +120,39 @@ def model(device: str) -> list[dict]:
     return out
 
 
+def cost(device: str, reps: int = 3) -> dict:
+    """Seconds per no-grad forward of a SmolLM2-135M-shaped Llama (random weights) on 8
+    left-padded rows of 1024 tokens, "sdpa" vs `SAFE_SDPA` interleaved; medians. What the
+    mask's extra pass costs against the forward it belongs to."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, tie_word_embeddings=True)  # fmt: skip
+    net = LlamaForCausalLM(config).to(device).eval()
+    ids = torch.randint(3, 49152, (8, 1024), device=device)
+    am = torch.ones(8, 1024, dtype=torch.long, device=device)
+    am[1, :300], am[2, :700], am[3, :50] = 0, 0, 0
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    times: dict[str, list[float]] = {"sdpa": [], SAFE_SDPA: []}
+    for _ in range(reps + 1):  # the first round warms up
+        for attention in times:
+            if attention == SAFE_SDPA:
+                use_safe_sdpa(net)
+            else:
+                net.set_attn_implementation("sdpa")
+            sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+            sync()
+            t0 = time.perf_counter()
+            with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+                net.model(input_ids=ids, attention_mask=am, position_ids=pos)
+            sync()
+            times[attention].append(time.perf_counter() - t0)
+    median = {k: statistics.median(v[1:]) for k, v in times.items()}
+    return {"shape": [8, 1024], "forward_s": median,
+            "overhead": median[SAFE_SDPA] / median["sdpa"] - 1}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -124,7 +161,8 @@ def main() -> None:
     out = args.out or Path(__file__).parent / "results" / f"sdpa_padding_check_{args.device}.json"
     result = {"device": args.device, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-              "kernels": kernels(args.device), "model": model(args.device)}  # fmt: skip
+              "kernels": kernels(args.device), "model": model(args.device),
+              "cost": cost(args.device)}  # fmt: skip
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=1))
 
