@@ -165,7 +165,7 @@ def _train_steps(
             if every and trainer.step_num % every == 0 and not last:
                 trainer.save()
             progress.update(bar, completed=trainer.step_num)
-            if spent and not trainer.step_num >= config.run.steps:
+            if spent and trainer.step_num < config.run.steps:
                 progress.console.print(f"run.max_minutes = {config.run.max_minutes:g} spent: "
                                        f"stopping after step {trainer.step_num}")  # fmt: skip
                 return "max_minutes"
