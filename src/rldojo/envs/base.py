@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rldojo.types import Observation, StepResult, Task
+from rldojo.types import Observation, Rollout, StepResult, Task
 
 if TYPE_CHECKING:
     from rldojo.graders.base import Grader
@@ -96,3 +96,18 @@ class SingleTurnEnv:
 
     async def close(self) -> None:
         self._done = True
+
+
+def turn_token_rewards(rollout: Rollout, per_turn: list[float]) -> tuple[float, ...] | None:
+    """`per_turn[k]` on every token of the k-th policy turn (the k-th run of `policy_mask`
+    in `completion_ids`), 0 elsewhere; None without token ids."""
+    if not rollout.completion_ids:
+        return None
+    mask = rollout.policy_mask or (True,) * len(rollout.completion_ids)
+    rewards, turn, previous = [0.0] * len(mask), -1, False
+    for i, mine in enumerate(mask):
+        turn += mine and not previous
+        if mine and turn < len(per_turn):
+            rewards[i] = per_turn[turn]
+        previous = mine
+    return tuple(rewards)

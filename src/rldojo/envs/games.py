@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rldojo.envs.base import turn_token_rewards
 from rldojo.envs.game_rules import Connect4, Rules, TicTacToe, negamax
 from rldojo.envs.games_expert import credit_expert
 from rldojo.envs.multiturn import EpisodeLimits, MultiTurnEnv, TurnOutcome
@@ -303,21 +304,6 @@ class GameGrader:
             rules.play(board, int(move), mark if who == "me" else ("O" if mark == "X" else "X"))
         played, actions = iter(mine), rollout.info.get("game/actions", ())
         return [0.0 if a is None else next(played, 0.0) for a in actions]
-
-
-def turn_token_rewards(rollout: Rollout, per_turn: list[float]) -> tuple[float, ...] | None:
-    """`per_turn[k]` on every token of the k-th policy turn (the k-th run of `policy_mask`
-    in `completion_ids`), 0 elsewhere; None without token ids."""
-    if not rollout.completion_ids:
-        return None
-    mask = rollout.policy_mask or (True,) * len(rollout.completion_ids)
-    rewards, turn, previous = [0.0] * len(mask), -1, False
-    for i, mine in enumerate(mask):
-        turn += mine and not previous
-        if mine and turn < len(per_turn):
-            rewards[i] = per_turn[turn]
-        previous = mine
-    return tuple(rewards)
 
 
 class TicTacToeEnv(GameEnv):

@@ -20,16 +20,19 @@ ones (bookkeeping such as ``updated_at`` aside), an inserted row no insert check
 deleted row. `false_claim` is set when state checks fail but the final answer claims the
 work was done (flag ``hack:false_claim``). `correct` is 1.0 for a perfect episode (every
 unit, every mention, no collateral). This is the tau-bench / AppWorld approach, with the
-database diff in place of an LLM judge.
+database diff in place of an LLM judge. With `turn_credit` > 0 each turn's tokens also
+carry its tool-choice credit against the scripted expert (`rldojo.envs.crm.credit`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from rldojo.envs.base import turn_token_rewards
+from rldojo.envs.crm.credit import turn_credits
 from rldojo.envs.crm.data import BOOKKEEPING
 from rldojo.envs.multiturn import protocol_terms
 from rldojo.types import Rollout, Score, Task
@@ -60,6 +63,9 @@ class CrmReward:
     format_penalty: float = 0.2
     error_penalty: float = 0.05
     error_cap: int = 5
+    turn_credit: float = 0.0
+    """Weight of the per-turn tool-choice credit against the expert's choice, put on each
+    turn's tokens (`rldojo.envs.crm.credit`); 0: the outcome alone."""
 
 
 def _norm(value: Any) -> str:
@@ -168,7 +174,15 @@ class CrmGrader:
             return Score.failed(
                 "invalid", "rollout has no crm/diff (env never stepped)", provenance=prov
             )
-        return self.score(expected, list(task.info.get("mentions", ())), info, prov)
+        score = self.score(expected, list(task.info.get("mentions", ())), info, prov)
+        if self.reward.turn_credit <= 0:
+            return score
+        credits = turn_credits(rollout.messages, task)
+        judged = [c for c in credits if c != 0.0]
+        per_turn = [self.reward.turn_credit * c for c in credits]
+        components = {**score.components, "turn_credit": sum(judged) / max(len(judged), 1)}
+        return replace(score, components=components,
+                       token_rewards=turn_token_rewards(rollout, per_turn))  # fmt: skip
 
     def score(
         self,
