@@ -167,3 +167,44 @@ def test_resume_mismatch_between_checkpoint_and_lora_is_one_line_error(tmp_path)
     cfg = load_config(None, [*full, f"run.output_dir={tmp_path}", "run.name=adapter"])
     with pytest.raises(ConfigError, match=r"holds a LoRA adapter but model\.lora is not set"):
         Trainer(cfg, tmp_path / "adapter", resume=True)
+
+
+def test_lora_on_top_layers_only_trains_those_and_backward_stops_below(tmp_path):
+    """`model.lora.layers = [1]` on tiny-random's 2 layers: adapters exist in layer 1 alone,
+    only they change in a step, and layer 0's output carries no graph (nothing below the
+    adapted layer trains, so autograd never reaches it)."""
+    trainer = Trainer(_config(tmp_path, "model.lora.layers=[1]"), tmp_path / "run")
+    try:
+        named = dict(trainer.model.named_parameters())
+        adapters = {k for k, p in named.items() if p.requires_grad}
+        assert adapters and all(".layers.1." in k and "lora_" in k for k in adapters)
+        layers = trainer.model.get_base_model().model.layers
+        needs_grad: dict[int, bool] = {}
+
+        def record(index: int):
+            def hook(_module, _inputs, out) -> None:
+                hidden = out[0] if isinstance(out, tuple) else out
+                needs_grad[index] = needs_grad.get(index, False) or hidden.requires_grad
+
+            return hook
+
+        hooks = [layer.register_forward_hook(record(i)) for i, layer in enumerate(layers)]
+        before = _weights(trainer.model)
+        metrics = trainer.step()
+        for hook in hooks:
+            hook.remove()
+        assert metrics.get("train/skipped") != 1 and metrics["optim/grad_norm"] > 0
+        assert needs_grad == {0: False, 1: True}  # the training forward's graph starts at 1
+        after = _weights(trainer.model)
+        changed = {k for k in named if not torch.equal(before[k], after[k])}
+        assert changed and changed <= adapters
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("layers", ["[2]", "[-1]", "[]"])
+def test_lora_layers_outside_the_model_is_one_line_error(tmp_path, layers):
+    from rldojo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.lora.layers: .* model's 2 layers \(0 to 1\)"):
+        Trainer(_config(tmp_path, f"model.lora.layers={layers}"), tmp_path / "run")

@@ -23,6 +23,11 @@ class LoraSection(_Section):
     )  # fmt: skip
     """Module names that get adapters (Llama-style names by default), or `"all-linear"`
     (every linear layer but the output layer)."""
+    layers: list[int] | None = None
+    """Decoder layers (0-based indices) that get adapters (peft's `layers_to_transform`);
+    absent: every layer. With only the top layers adapted nothing below them trains, so
+    the backward pass stops at the lowest adapted layer: e.g. `layers = [20, ..., 29]` of
+    SmolLM2-135M's 30 (`benchmarks/partial_update_cost.py` measures what that saves)."""
 
 
 class ModelConfig(_Section):

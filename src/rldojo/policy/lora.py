@@ -47,11 +47,17 @@ def is_peft_model(model: Any) -> bool:
 def add_lora(model: Any, lora: LoraSection, base_name: str) -> Any:
     """Wrap `model` with fresh adapters (B = 0: the policy starts equal to the base)."""
     peft = _peft()
+    count = model.config.num_hidden_layers
+    outside = [i for i in lora.layers or [] if not 0 <= i < count]
+    if outside or lora.layers == []:
+        raise ConfigError(f"model.lora.layers: {outside or '[]'} is not a choice of the "
+                          f"model's {count} layers (0 to {count - 1})")  # fmt: skip
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(
         lora.target_modules)  # fmt: skip
     config = peft.LoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         target_modules=targets, task_type="CAUSAL_LM", bias="none",
+        layers_to_transform=lora.layers,
     )  # fmt: skip
     wrapped = peft.get_peft_model(model, config)
     wrapped.peft_config["default"].base_model_name_or_path = base_name
