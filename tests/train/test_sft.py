@@ -288,3 +288,38 @@ def test_a_nan_gradient_skips_its_step_counted_and_warned(tiny, tmp_path, monkey
     model, _ = load_model(summary["checkpoint"])
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert math.isfinite(summary["loss_last"])
+
+
+@pytest.mark.parametrize("sft_lora", [True, False])
+def test_sft_lora_false_trains_every_weight_and_rl_adds_the_adapters(tiny, tmp_path, sft_lora):
+    """`model.lora` is set for the RL stage; `sft.lora = false` keeps it out of SFT: the
+    checkpoint holds full, changed weights, and RL's loader wraps them in fresh adapters."""
+    pytest.importorskip("peft", reason="the `lora` extra (peft) is not installed")
+    from rldojo.policy.lora import is_peft_model
+    from rldojo.policy.models import load_model
+    from rldojo.policy.training_model import load_training_model
+
+    data = tmp_path / "demos.jsonl"
+    _write_demos(data, tiny, n=3)
+    lora = "model.lora={r = 4, alpha = 8, target_modules = ['q_proj', 'v_proj']}"
+    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "sft.epochs=1",
+                             "sft.lr=1e-2", "sft.warmup_steps=0", "run.report_to=[]",
+                             "run.threads=1", lora,
+                             f"sft.lora={str(sft_lora).lower()}"])  # fmt: skip
+    checkpoint = Path(run_sft(cfg, data, run_dir=tmp_path / "run")["checkpoint"])
+    assert (checkpoint / "adapter_config.json").exists() is sft_lora
+    assert (checkpoint / "model.safetensors").exists() is not sft_lora
+    if sft_lora:
+        return
+    base = tiny[0].state_dict()
+    trained, _ = load_model(str(checkpoint))
+    changed = [k for k, v in trained.state_dict().items() if not torch.equal(v, base[k])]
+    assert any("mlp" in k for k in changed) and any("self_attn.o_proj" in k for k in changed)
+    rl_model = cfg.model.model_copy(update={"name": str(checkpoint)})
+    model, _ = load_training_model(rl_model, None, torch.device("cpu"), load_model)
+    assert is_peft_model(model)
+    trainable = [k for k, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in k for k in trainable)
+    weights = model.get_base_model().state_dict()
+    key = next(k for k in changed if "mlp" in k)
+    assert torch.equal(weights[key], trained.state_dict()[key])

@@ -1,9 +1,10 @@
 """The `[sft]` section: supervised fine-tuning on demonstrations (`rldojo sft`).
 
 `rldojo sft CONFIG --data demos.jsonl` reads the same TOML file as `rldojo train`: the
-model (`[model]`, LoRA included), the optimizer's betas, weight decay, clipping and
-micro-batch size (`[optim]`), the held-out evaluation (`[eval]`, `[env]`) and the run
-directory (`[run]`) come from there; this section holds what only SFT needs.
+model (`[model]`, LoRA included unless `sft.lora = false`), the optimizer's betas, weight
+decay, clipping and micro-batch size (`[optim]`), the held-out evaluation (`[eval]`,
+`[env]`) and the run directory (`[run]`) come from there; this section holds what only
+SFT needs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class SftConfig(_Section):
     and counted; a cut conversation would teach an episode without its end."""
     only_passed: bool = True
     """Train only on lines whose `passed` is true (lines without the key are kept)."""
+    lora: bool = True
+    """Whether SFT trains the adapters of `model.lora` (when set). `false`: SFT trains every
+    weight and writes a full checkpoint, and `rldojo train` wraps it in fresh adapters, so
+    one TOML holds a full-weight cold start and a LoRA RL stage
+    (`examples/agentic_tictactoe.toml`)."""
     eval_before: bool = True
     """Evaluate the starting model on the held-out tasks too (`[eval]`), so one run gives
     both the base and the SFT accuracy, on the same tasks. `eval.before = false` skips it

@@ -249,6 +249,8 @@ def run_sft(
     started = time.perf_counter()
     cfg, precision, threads = resolve_resources(config)
     s = cfg.sft
+    if not s.lora:  # a full-weight cold start; RL adds the adapters to its checkpoint
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
     path = str(data or s.data or "")
     if not path:
         raise DataError("sft.data", None, "no demonstrations: pass --data FILE or set sft.data")
