@@ -17,7 +17,8 @@ whether a gain is a skill learned or a shift between kinds. Also recorded: each 
 time, the demonstrations' pass rate, SFT loss first/last, the machine (CPU flags, load).
 
 Usage: python benchmarks/agentic_pipeline.py [--envs arith-tools-v1 crm-v1 tictactoe-v1]
-           [--demos 200] [--set key=value ...] [--out runs/agentic-pipeline] [--tag T]
+           [--demos 200] [--set key=value ...] [--rl-set key=value ...]
+           [--sft-run DIR] [--out runs/agentic-pipeline] [--tag T]
 Writes benchmarks/results/agentic_<env>.json (agentic_<env>_<T>.json with --tag; one
 file per environment, written when its pipeline ends). With `--set eval.every=N` the
 RL run's periodic evaluations are in `during_rl`, each paired with SFT.
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,39 +131,50 @@ def _paired(a: dict[str, bool] | None, b: dict[str, bool] | None) -> dict[str, A
     }
 
 
-def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> dict[str, Any]:
+def _demos_and_sft(
+    env_id: str, demos: int, set_args: list[str], work: Path, log: Path
+) -> tuple[float, float, Path]:
+    """`rldojo demos` then `rldojo sft`: their wall times and the SFT run's directory."""
     config = CONFIGS[env_id]
     data = tomllib.loads(config.read_text())
-    name = data["run"]["name"]
+    demo_file = work / "demos.jsonl"
+    kwargs = json.dumps(data["env"].get("kwargs", {}))
+    demo_args = ["--n", str(demos), "--out", str(demo_file), "--env-kwargs", kwargs]
+    t_demos = _rldojo(["demos", env_id, *demo_args, "--keep", "all"], log)
+    t_sft = _rldojo(["sft", str(config), "--data", str(demo_file), *set_args], log)
+    return t_demos, t_sft, work / f"{data['run']['name']}-sft"
+
+
+def run_pipeline(
+    env_id: str,
+    demos: int,
+    overrides: list[str],
+    out: Path,
+    rl_overrides: Sequence[str] = (),
+    sft_run: Path | None = None,
+) -> dict[str, Any]:
+    """One environment's pipeline. `rl_overrides` apply to the RL stage alone (e.g.
+    LoRA there after a full SFT). `sft_run`: start RL from that earlier SFT run of this
+    pipeline instead of running demos and SFT again; its SFT wall time is the one it
+    recorded, and the demos' (seconds) is not counted."""
+    config = CONFIGS[env_id]
+    name = tomllib.loads(config.read_text())["run"]["name"]
     work = out / env_id
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
     sets = [f"run.output_dir={work}", *overrides]
     set_args = [a for s in sets for a in ("--set", s)]
-    demo_file = work / "demos.jsonl"
-    kwargs = json.dumps(data["env"].get("kwargs", {}))
     started, load_start = time.perf_counter(), load_average()
-    t_demos = _rldojo(
-        [
-            "demos",
-            env_id,
-            "--n",
-            str(demos),
-            "--out",
-            str(demo_file),
-            "--env-kwargs",
-            kwargs,
-            "--keep",
-            "all",
-        ],
-        log,
-    )
-    lines = [json.loads(x) for x in demo_file.read_text().splitlines()]
-    t_sft = _rldojo(["sft", str(config), "--data", str(demo_file), *set_args], log)
-    sft_dir = work / f"{name}-sft"
+    if sft_run is None:
+        t_demos, t_sft, sft_dir = _demos_and_sft(env_id, demos, set_args, work, log)
+    else:
+        sft_dir, t_demos = sft_run, None
+        t_sft = json.loads((sft_dir / "summary.json").read_text())["wall_s"]
     sft = json.loads((sft_dir / "summary.json").read_text())
+    lines = [json.loads(x) for x in Path(sft["data"]).read_text().splitlines()]
     # The SFT run evaluated its checkpoint ("after"); RL starts from it without again.
     rl_sets = [*set_args, "--set", f"model.name={sft['checkpoint']}", "--set", "eval.before=false"]
+    rl_sets += [a for s in rl_overrides for a in ("--set", s)]
     t_rl = _rldojo(["train", str(config), *rl_sets], log)
     rl_dir = work / name
     rl = json.loads((rl_dir / "summary.json").read_text())
@@ -174,6 +187,8 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
         "env": env_id,
         "config": str(config.relative_to(ROOT)),
         "overrides": overrides,
+        "rl_overrides": list(rl_overrides),
+        "sft_reused": None if sft_run is None else str(sft_run),
         "demos": {
             "episodes": len(lines),
             "passed": sum(bool(x["passed"]) for x in lines),
@@ -218,7 +233,7 @@ def run_pipeline(env_id: str, demos: int, overrides: list[str], out: Path) -> di
             "demos": t_demos,
             "sft": t_sft,
             "rl": t_rl,
-            "total": time.perf_counter() - started,
+            "total": time.perf_counter() - started + (0.0 if sft_run is None else t_sft),
         },
         "machine": {
             "cpu_flags": cpu_flags(),
@@ -242,14 +257,30 @@ def main() -> None:
         default=[],
         help="override for both stages, e.g. run.steps=8",
     )
+    parser.add_argument(
+        "--rl-set",
+        dest="rl_overrides",
+        action="append",
+        default=[],
+        help="override for the RL stage alone, e.g. model.lora={r = 16, alpha = 32}",
+    )
+    parser.add_argument(
+        "--sft-run",
+        type=Path,
+        help="RL from this earlier SFT run directory (one env) instead of demos + SFT again",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "agentic-pipeline")
     parser.add_argument(
         "--tag", default="", help="results go to agentic_<env>_<tag>.json (a variant's file)"
     )
     args = parser.parse_args()
+    if args.sft_run is not None and len(args.envs) != 1:
+        parser.error("--sft-run: name the one environment it was for with --envs")
     RESULTS.mkdir(exist_ok=True)
     for env_id in args.envs:
-        result = run_pipeline(env_id, args.demos, args.overrides, args.out)
+        result = run_pipeline(
+            env_id, args.demos, args.overrides, args.out, args.rl_overrides, args.sft_run
+        )
         stem = f"agentic_{env_id.split('-v')[0].replace('-', '_')}"
         path = RESULTS / f"{stem}_{args.tag}.json" if args.tag else RESULTS / f"{stem}.json"
         path.write_text(json.dumps(result, indent=2))
