@@ -5,15 +5,20 @@ are frozen; only the adapters' A/B matrices train, so the optimizer holds their 
 alone. `save_pretrained` of the wrapped model writes the adapter (`adapter_config.json`,
 `adapter_model.safetensors`), which `PeftModel.from_pretrained(base, dir)` loads; the base
 is named in the adapter config (`base_model_name_or_path`: the run's `model.name`, a
-built-in name or a directory). Generation goes through the same wrapped model (or a copy
-of it), so it samples from the adapted policy after every step. `merge_and_export` folds
-the adapters into the base weights and writes a plain transformers model directory.
+built-in name or a directory). Generation samples from the adapted policy after every
+step: through the wrapped model itself or a lasting copy of it, or (the trainer's
+transient copy in another dtype) through a plain model holding the merged weights
+(`merged_copy`, `merged_parameters`), which decodes faster than one with the adapters
+beside it. `merge_and_export` folds the adapters into the base weights and writes a plain
+transformers model directory.
 
 `peft` is an optional extra (`pip install 'rldojo[lora]'`); it is imported only here.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +88,37 @@ def adapter_base_name(adapter_dir: Path) -> str:
 def trainable_parameters(model: Any) -> list[Any]:
     """The parameters the optimizer updates (the adapters under LoRA; all otherwise)."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def merged_copy(model: Any) -> Any:
+    """A plain transformers model (no adapter modules) shaped like `model` with its
+    adapters merged; `model` is left as it is."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def merged_parameters(model: Any) -> Iterator[tuple[str, Any]]:
+    """The parameters of `merged_copy(model)`, by name, computed from the live `model`
+    without changing it: an adapted layer's weight is its base weight plus peft's delta
+    (B A scaled by alpha / r) of each active adapter not merged into it already; every
+    other weight is the base's own tensor. Call under `torch.no_grad()`."""
+    net = model.get_base_model()
+    active = list(model.active_adapters)
+    for name, param in net.named_parameters():
+        if ".lora_" in name:
+            continue
+        if ".base_layer." not in name:
+            yield name, param
+            continue
+        owner, leaf = name.rsplit(".base_layer.", 1)
+        if leaf != "weight":
+            yield f"{owner}.{leaf}", param
+            continue
+        layer = net.get_submodule(owner)
+        weight = param
+        for adapter in active:
+            if adapter in layer.lora_A and adapter not in layer.merged_adapters:
+                weight = weight + layer.get_delta_weight(adapter)
+        yield f"{owner}.weight", weight
 
 
 def merge_and_export(model: Any, tokenizer: Any, out: Path) -> Path:

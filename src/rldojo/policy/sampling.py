@@ -34,6 +34,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rldojo.policy.device import model_device
 from rldojo.policy.models import cache_kwargs
+from rldojo.policy.prefix_cache import Entry, PrefixCache, cached_batch, row_entry
 from rldojo.types import SamplingParams
 
 
@@ -187,6 +188,59 @@ def _prefill(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int)
     return _Running(cache, mask, positions[:, -1] + 1, logits, rows)
 
 
+def _prefill_cached(model: Any, prompts: list[list[int]], hits: dict[int, Entry],
+                    pad_id: int) -> _Running:  # fmt: skip
+    """Prompts whose start has cached keys and values (`rldojo.policy.prefix_cache`):
+    only the rest of each is run through the model, after its left-padded past."""
+    rows = list(hits)
+    entries = [hits[r] for r in rows]
+    device = model_device(model)
+    cache, past_mask = cached_batch(entries)  # [B, P]
+    ids, tail_mask = left_pad([prompts[r][e.length :] for r, e in hits.items()], pad_id)
+    mask = torch.cat([past_mask.to(device), tail_mask.to(device)], 1)  # [B, P + T]
+    positions = (mask.cumsum(-1) - 1).clamp_(min=0)  # [B, P + T]: real tokens counted
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask,
+        position_ids=positions[:, past_mask.shape[1] :],
+        **cache_kwargs(model, cache),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return _Running(cache, mask, positions[:, -1] + 1, out.logits[:, -1], rows)
+
+
+def _prefill_rows(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int,
+                  prefix: PrefixCache | None) -> _Running:  # fmt: skip
+    """Prefill `rows`: those with a cached start from it, the others in full."""
+    hits = {}
+    if prefix is not None:
+        hits = {r: e for r in rows if (e := prefix.take(prompts[r])) is not None}
+    misses = [r for r in rows if r not in hits]
+    run = _prefill(model, [prompts[r] for r in misses], misses, pad_id) if misses else None
+    if hits:
+        reused = _prefill_cached(model, prompts, hits, pad_id)
+        run = reused if run is None else _join(run, reused)
+    if prefix is not None:
+        prefix.reused_tokens += sum(e.length for e in hits.values())
+        prefix.prefilled_tokens += sum(len(prompts[r]) for r in rows)
+    assert run is not None
+    return run
+
+
+def _store_finished(prefix: PrefixCache, run: _Running, keep: list[int],
+                    prompts: list[list[int]], sampled: list[list[int]]) -> None:  # fmt: skip
+    """Keep the keys and values of the rows that finished: their prompt and the sampled
+    tokens fed back (all but the last)."""
+    if not _joinable(run.cache):
+        return
+    kept, layers = set(keep), _kv_layers(run.cache)
+    for i, row in enumerate(run.rows):
+        if i not in kept:
+            entry = row_entry(layers, i, run.mask[i].bool())
+            prefix.store(prompts[row] + sampled[row][:-1], entry)
+
+
 def _joinable(cache: DynamicCache) -> bool:
     """Only plain full-attention layers can be padded and concatenated (no sliding windows)."""
     return not getattr(cache, "offloading", False) and all(
@@ -278,12 +332,15 @@ def sample(
     *,
     max_batch: int | None = None,
     refill_at: int | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> SampledBatch:
     """Decode up to `params.max_new_tokens` per prompt with a KV cache; results in prompt order.
 
     `max_batch`: rows decoded together (None: all prompts at once). Pending prompts join
     the running batch once `refill_at` slots are free (default `max(1, max_batch // 4)`,
     or fewer when fewer prompts are pending); `refill_at = max_batch` gives static chunks.
+    `prefix_cache`: prompts that continue a conversation it holds prefill only their new
+    tokens, and each finished row's keys and values are stored in it.
     """
     n = len(prompts)
     cap = n if max_batch is None else max_batch
@@ -303,7 +360,7 @@ def sample(
         take = _refill_size(live, n - pending, cap, refill_at, joinable)
         if take:
             rows = list(range(pending, pending + take))
-            new = _prefill(model, [prompts[r] for r in rows], rows, tokenizer.pad_token_id)
+            new = _prefill_rows(model, prompts, rows, tokenizer.pad_token_id, prefix_cache)
             run = new if run is None else _join(run, new)
             pending += take
         if run is None:
@@ -311,6 +368,8 @@ def sample(
         row_gens = [generators[r] for r in run.rows] if generators is not None else None
         token, logp, ent = sample_next(run.logits, params, row_gens)  # [B], [B], [B]
         keep = _record(result, run.rows, token, logp, ent, tokenizer, params, eos_ids)
+        if prefix_cache is not None and len(keep) < len(run.rows):
+            _store_finished(prefix_cache, run, keep, prompts, result.token_ids)
         if not keep:
             run = None
             continue

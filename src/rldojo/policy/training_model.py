@@ -106,4 +106,5 @@ def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtyp
         model, tokenizer, generation_dtype=generation_dtype,
         separate_copy=config.rollout.max_policy_lag > 0,  # generate while training
         transient_copy=True,  # synchronous: no second copy while the step trains
+        prefix_cache_mb=config.generation.prefix_cache_mb,
     )  # fmt: skip

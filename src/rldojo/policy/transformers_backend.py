@@ -12,9 +12,12 @@ weights, so it keeps a lasting copy, and after each optimizer step the trainer c
 `update_weights`, which copies the new weights in.
 
 Devices and LoRA: the copy is made on the model's device. Under LoRA (`rldojo.policy.
-lora`) the model is a `peft` model, generation samples through the adapters, and
-`update_weights` copies only the trainable adapter weights into a copy (the frozen base
-is the same in both).
+lora`) the model is a `peft` model. A transient copy is a plain model: each `generate`
+casts the merged weights (base + the adapters' current delta) into it, so decoding runs
+no adapter modules (SmolLM2 with r16 adapters on 10 layers: `benchmarks/
+multiturn_generation.py`). Otherwise generation samples through the adapters, and
+`update_weights` copies only the trainable adapter weights into a lasting copy (the
+frozen base is the same in both).
 
 Thread safety (asynchronous rollouts): `generate` runs under a lock. `update_weights`
 never waits for a generation in flight: if one is running it stages the new weights and
@@ -30,7 +33,9 @@ from typing import Any
 
 import torch
 
+from rldojo.policy import lora
 from rldojo.policy.base import chat_template_ids, completion_text, stop_ids
+from rldojo.policy.prefix_cache import PrefixCache, weights_fingerprint
 from rldojo.policy.sampling import sample
 from rldojo.types import Completion, Message, SamplingParams
 
@@ -52,13 +57,19 @@ class TransformersPolicy:
         separate_copy: bool = False,
         transient_copy: bool = False,
         chunk_size: int | None = None,
+        merge_lora: bool = True,
+        prefix_cache_mb: int = 0,
     ) -> None:
         """`max_batch` (default 64): rows decoded at once; finished rows' slots are refilled
         with pending prompts (continuous batching, see `rldojo.policy.sampling`).
         `chunk_size` is its former name, still accepted. `generation_dtype`: a torch
         dtype, None (the model's own) or `"auto"` (measured, `rldojo.hardware.precision`).
         `transient_copy`: a copy in another dtype holds weights only during `generate`
-        (the trainer's synchronous rollouts); ignored with `separate_copy`."""
+        (the trainer's synchronous rollouts); ignored with `separate_copy`. `merge_lora`:
+        a transient copy of a LoRA model holds merged weights (False: the adapters, as a
+        lasting copy does; a baseline for `benchmarks/multiturn_generation.py`).
+        `prefix_cache_mb`: memory for the last call's conversations' keys and values, so
+        a next turn prefills only its new tokens (`rldojo.policy.prefix_cache`; 0: off)."""
         if max_batch is not None and chunk_size is not None and max_batch != chunk_size:
             raise ValueError("pass max_batch or its old name chunk_size, not both")
         max_batch = max_batch if max_batch is not None else chunk_size
@@ -81,14 +92,22 @@ class TransformersPolicy:
             generation_dtype = resolve_precision(autocast_bf16=False).torch_generation_dtype()
         same_dtype = generation_dtype is None or generation_dtype == train_dtype
         self._transient = transient_copy and not same_dtype and not separate_copy
+        self._merged = self._transient and merge_lora and lora.is_peft_model(model)
         if same_dtype and not separate_copy:
             self._gen_model = model
         else:
-            self._gen_model = copy.deepcopy(model).to(generation_dtype or train_dtype)
+            plain = lora.merged_copy(model) if self._merged else copy.deepcopy(model)
+            self._gen_model = plain.to(generation_dtype or train_dtype)
+        if self._merged:
+            with torch.no_grad():
+                names = {name for name, _ in lora.merged_parameters(model)}
+            if names != {name for name, _ in self._gen_model.named_parameters()}:
+                raise RuntimeError("LoRA: the merged weights do not name the plain model's")
         if self._transient:
             self._drop_weights()
         self._gen_model.eval()
         self.eos_ids = stop_ids(tokenizer)
+        self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb else None
 
     def encode_chat(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
@@ -101,19 +120,24 @@ class TransformersPolicy:
         with self._lock:
             if not self._transient:
                 self._load_staged()
-                return self._generate(prompts, sampling)
+                return self._generate(prompts, sampling, self._gen_model)
             self._cast_weights()
             try:
-                return self._generate(prompts, sampling)
+                return self._generate(prompts, sampling, self._train_model)
             finally:
                 self._drop_weights()
 
     def _cast_weights(self) -> None:
-        """The transient copy: the trainer's current weights, cast to the sampler's dtype."""
-        source = dict(self._train_model.named_parameters())
+        """The transient copy: the trainer's current weights (LoRA merged), cast to the
+        sampler's dtype one tensor at a time."""
+        target = dict(self._gen_model.named_parameters())
         with torch.no_grad():
-            for name, param in self._gen_model.named_parameters():
-                param.data = source[name].detach().to(param.dtype)
+            if self._merged:
+                source = lora.merged_parameters(self._train_model)
+            else:
+                source = self._train_model.named_parameters()
+            for name, tensor in source:
+                target[name].data = tensor.detach().to(target[name].dtype)
 
     def _drop_weights(self) -> None:
         """Free the transient copy's weights (the module and its buffers stay)."""
@@ -121,10 +145,14 @@ class TransformersPolicy:
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     def _generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, weights: Any
     ) -> list[Completion]:
+        """Sample with the generation model; `weights`: the model whose parameters it
+        holds now (a change of theirs empties the prefix cache)."""
         was_training = self._gen_model.training
         self._gen_model.eval()
+        if self.prefix_cache is not None:
+            self.prefix_cache.begin(weights_fingerprint(weights, self.version))
         try:
             batch = sample(
                 self._gen_model,
@@ -133,9 +161,12 @@ class TransformersPolicy:
                 sampling,
                 self.eos_ids,
                 max_batch=self.max_batch,
+                prefix_cache=self.prefix_cache,
             )
         finally:
             self._gen_model.train(was_training)
+            if self.prefix_cache is not None:
+                self.prefix_cache.end()
         results: list[Completion] = []
         rows = zip(
             batch.token_ids, batch.logprobs, batch.entropies, batch.finish_reasons, strict=True
