@@ -113,3 +113,19 @@ def test_multi_turn_games_play_the_same_with_the_cache(tiny):
     for a, b in zip(with_cache, without, strict=True):
         assert a.status == b.status
         assert a.completion_ids == b.completion_ids
+
+
+def test_every_native_sampler_of_a_run_gets_the_configured_cache(tiny):
+    """The trainer's sampler and Ray workers' take `generation.prefix_cache_mb`."""
+    from rldojo.cluster.ray_pool import WorkerSampler, build_sampler
+    from rldojo.config import load_config
+    from rldojo.policy.training_model import make_policy
+
+    model, tok = tiny
+    for mb in (0, 16):
+        cfg = load_config(None, ["model.name=tiny-random", f"generation.prefix_cache_mb={mb}"])
+        policies = [make_policy(cfg, model, tok, torch.float32),
+                    build_sampler(model, tok, WorkerSampler(prefix_cache_mb=mb))]  # fmt: skip
+        for policy in policies:
+            cache = policy.prefix_cache
+            assert (cache.max_bytes if cache else 0) == mb << 20

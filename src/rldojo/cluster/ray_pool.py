@@ -39,12 +39,14 @@ log = logging.getLogger("rldojo.ray")
 class WorkerSampler:
     """How a rollout worker samples: `generation.backend`, `model.generation_dtype`
     (`auto` resolved on the worker's own hardware: bf16 on its GPU, measured on its CPU),
-    the run's seed, and vLLM's memory share (None: the backend's default)."""
+    the run's seed, vLLM's memory share (None: the backend's default) and the native
+    sampler's prefix cache (`generation.prefix_cache_mb`)."""
 
     backend: str = "native"
     generation_dtype: str = "auto"
     seed: int = 0
     gpu_memory_utilization: float | None = None
+    prefix_cache_mb: int = 0
 
 
 def build_sampler(model: Any, tokenizer: Any, spec: WorkerSampler) -> Any:
@@ -65,7 +67,8 @@ def build_sampler(model: Any, tokenizer: Any, spec: WorkerSampler) -> Any:
         return policy
     from rldojo.policy.transformers_backend import TransformersPolicy
 
-    return TransformersPolicy(model.to(device), tokenizer, generation_dtype=gen_dtype)
+    return TransformersPolicy(model.to(device), tokenizer, generation_dtype=gen_dtype,
+                              prefix_cache_mb=spec.prefix_cache_mb)  # fmt: skip
 
 
 class RolloutWorker:

@@ -47,11 +47,13 @@ def _policy(spec: str, api_key: str | None) -> Any:
         base_url, _, served = spec.partition("#")
         key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
         return OpenAIPolicy(base_url, served or "default", api_key=key)
+    from rldojo.config import GenerationConfig
     from rldojo.policy.models import load_model
     from rldojo.policy.transformers_backend import TransformersPolicy
 
     model, tokenizer = load_model(spec)
-    return TransformersPolicy(model, tokenizer)
+    cache_mb = GenerationConfig().prefix_cache_mb  # multi-turn episodes: reuse the last turn
+    return TransformersPolicy(model, tokenizer, prefix_cache_mb=cache_mb)
 
 
 class _Runner:

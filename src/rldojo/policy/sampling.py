@@ -223,7 +223,7 @@ def _prefill_rows(model: Any, prompts: list[list[int]], rows: list[int], pad_id:
         run = reused if run is None else _join(run, reused)
     if prefix is not None:
         prefix.reused_tokens += sum(e.length for e in hits.values())
-        prefix.prefilled_tokens += sum(len(prompts[r]) for r in rows)
+        prefix.prompt_tokens += sum(len(prompts[r]) for r in rows)
     assert run is not None
     return run
 

@@ -350,7 +350,7 @@ class Trainer:
         cfg = self.config
         ro = cfg.rollout
         sampler = WorkerSampler(cfg.generation.backend, cfg.model.generation_dtype, cfg.run.seed,
-                                vllm_memory_share(cfg))  # fmt: skip
+                                vllm_memory_share(cfg), cfg.generation.prefix_cache_mb)  # fmt: skip
         args = (
             cfg.model.name, entries, cfg.grader.spec, sampler,
             ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns, ro.worker_threads,
