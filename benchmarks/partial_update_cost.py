@@ -66,14 +66,15 @@ def main() -> None:
     torch.manual_seed(0)
     bf16 = bool(resolve_precision().autocast_bf16)
     models: dict[str, tuple[Any, Any]] = {}
-    for name, lora in _variants(args.top, 30).items():
+    config = load_model(SMOLLM2)[0].config  # the layer count and vocabulary, read
+    for name, lora in _variants(args.top, config.num_hidden_layers).items():
         model, _ = load_model(SMOLLM2)
         model.train()
         if lora is not None:
             model = add_lora(model, lora, SMOLLM2)
         params = trainable_parameters(model)
         models[name] = (model, torch.optim.AdamW(params, lr=1e-6))
-    ids = torch.randint(0, 49152, (args.rows, args.tokens))
+    ids = torch.randint(0, config.vocab_size, (args.rows, args.tokens))
     times: dict[str, list[float]] = {name: [] for name in models}
     for repeat in range(args.repeats + 1):
         for name, (model, optimizer) in models.items():
