@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 # A cached prefix shorter than this is not worth a separate prefill.
 MIN_REUSED_TOKENS = 16
@@ -103,6 +104,35 @@ class PrefixCache:
         elif self._stored_bytes + entry.nbytes <= self.max_bytes:
             self._stored[key] = (entry, 1)
             self._stored_bytes += entry.nbytes
+
+
+def store_rows(prefix: PrefixCache, cache: DynamicCache, mask: torch.Tensor,
+               rows: dict[int, list[int]]) -> None:  # fmt: skip
+    """Store batch row i's keys and values (its real columns of `mask`, `[B, L]`) under
+    `rows[i]`, the tokens they were computed from; nothing if the cache is not `joinable`."""
+    if joinable(cache):
+        layers = kv_layers(cache)
+        for i, tokens in rows.items():
+            prefix.store(tokens, row_entry(layers, i, mask[i].bool()))
+
+
+def joinable(cache: DynamicCache) -> bool:
+    """Only plain full-attention layers can be padded and concatenated (no sliding windows)."""
+    return not getattr(cache, "offloading", False) and all(
+        type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers
+    )
+
+
+class _KV(Protocol):
+    """A cache layer's `[B, H, L, D]` keys and values, typed (transformers' may be None)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+def kv_layers(cache: DynamicCache) -> list[_KV]:
+    """The layers of a `joinable` cache, whose keys and values are set."""
+    return cast(list[_KV], cache.layers)
 
 
 def row_entry(layers: Sequence[Any], row: int, real: torch.Tensor) -> Entry:

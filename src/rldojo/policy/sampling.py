@@ -25,16 +25,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from rldojo.policy.device import model_device
 from rldojo.policy.models import cache_kwargs
-from rldojo.policy.prefix_cache import Entry, PrefixCache, cached_batch, row_entry
+from rldojo.policy.prefix_cache import (
+    Entry,
+    PrefixCache,
+    cached_batch,
+    joinable,
+    kv_layers,
+    store_rows,
+)
 from rldojo.types import SamplingParams
 
 
@@ -228,38 +234,6 @@ def _prefill_rows(model: Any, prompts: list[list[int]], rows: list[int], pad_id:
     return run
 
 
-def _store_finished(prefix: PrefixCache, run: _Running, keep: list[int],
-                    prompts: list[list[int]], sampled: list[list[int]]) -> None:  # fmt: skip
-    """Keep the keys and values of the rows that finished: their prompt and the sampled
-    tokens fed back (all but the last)."""
-    if not _joinable(run.cache):
-        return
-    kept, layers = set(keep), _kv_layers(run.cache)
-    for i, row in enumerate(run.rows):
-        if i not in kept:
-            entry = row_entry(layers, i, run.mask[i].bool())
-            prefix.store(prompts[row] + sampled[row][:-1], entry)
-
-
-def _joinable(cache: DynamicCache) -> bool:
-    """Only plain full-attention layers can be padded and concatenated (no sliding windows)."""
-    return not getattr(cache, "offloading", False) and all(
-        type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers
-    )
-
-
-class _KV(Protocol):
-    """A cache layer's `[B, H, L, D]` keys and values, typed (transformers' may be None)."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-
-
-def _kv_layers(cache: DynamicCache) -> list[_KV]:
-    """The layers of a `_joinable` cache, whose keys and values are set."""
-    return cast(list[_KV], cache.layers)
-
-
 def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     """Zero-pad `x` on the left of `dim` (counted from the end) up to `width`."""
     missing = width - x.shape[dim]
@@ -271,7 +245,7 @@ def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 def _join(a: _Running, b: _Running) -> _Running:
     """Rows of `b` join `a`: left-pad the narrower cache, then concatenate on the batch axis."""
     width = max(a.mask.shape[1], b.mask.shape[1])
-    for la, lb in zip(_kv_layers(a.cache), _kv_layers(b.cache), strict=True):
+    for la, lb in zip(kv_layers(a.cache), kv_layers(b.cache), strict=True):
         la.keys = torch.cat([_pad_left(la.keys, width, -2), _pad_left(lb.keys, width, -2)])
         la.values = torch.cat([_pad_left(la.values, width, -2), _pad_left(lb.values, width, -2)])
     mask = torch.cat([_pad_left(a.mask, width, -1), _pad_left(b.mask, width, -1)])  # [B, L]
@@ -291,9 +265,9 @@ def _keep_rows(run: _Running, keep: list[int]) -> None:
     run.mask, run.next_pos = run.mask[index], run.next_pos[index]
     run.rows = [run.rows[i] for i in keep]
     first = int(run.mask.any(0).int().argmax())  # first column some row still attends to
-    if first > 0 and _joinable(run.cache):
+    if first > 0 and joinable(run.cache):
         run.mask = run.mask[:, first:]
-        for layer in _kv_layers(run.cache):
+        for layer in kv_layers(run.cache):
             layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
 
@@ -312,12 +286,12 @@ def _decode_step(model: Any, run: _Running, token: torch.Tensor) -> None:
     run.logits = out.logits[:, -1]  # [B, V]
 
 
-def _refill_size(live: int, pending: int, cap: int, refill_at: int, joinable: bool) -> int:
+def _refill_size(live: int, pending: int, cap: int, refill_at: int, can_join: bool) -> int:
     """How many pending prompts to prefill now (0: keep decoding)."""
     free = cap - live
     if pending == 0 or free == 0:
         return 0
-    if live == 0 or (joinable and free >= min(refill_at, pending)):
+    if live == 0 or (can_join and free >= min(refill_at, pending)):
         return min(free, pending)
     return 0
 
@@ -356,8 +330,8 @@ def sample(
     pending = 0  # index of the next prompt to prefill
     while True:
         live = len(run.rows) if run is not None else 0
-        joinable = run is None or _joinable(run.cache)
-        take = _refill_size(live, n - pending, cap, refill_at, joinable)
+        can_join = run is None or joinable(run.cache)
+        take = _refill_size(live, n - pending, cap, refill_at, can_join)
         if take:
             rows = list(range(pending, pending + take))
             new = _prefill_rows(model, prompts, rows, tokenizer.pad_token_id, prefix_cache)
@@ -369,7 +343,9 @@ def sample(
         token, logp, ent = sample_next(run.logits, params, row_gens)  # [B], [B], [B]
         keep = _record(result, run.rows, token, logp, ent, tokenizer, params, eos_ids)
         if prefix_cache is not None and len(keep) < len(run.rows):
-            _store_finished(prefix_cache, run, keep, prompts, result.token_ids)
+            kept, ids = set(keep), result.token_ids  # a finished row was fed all but its last
+            ended = {i: prompts[r] + ids[r][:-1] for i, r in enumerate(run.rows) if i not in kept}
+            store_rows(prefix_cache, run.cache, run.mask, ended)
         if not keep:
             run = None
             continue
