@@ -4,12 +4,15 @@
 # the 30-minute CPU budget holds, three variants side by side on the one GPU:
 #
 #   benchmarks/agentic_gpu.sh          # on a CUDA machine (~8 minutes)
-#   benchmarks/agentic_gpu.sh --dry    # a smoke run of the same on any machine (tiny-random, CPU)
+#   benchmarks/agentic_gpu.sh --dry    # a smoke run of the same on any machine (tiny-random, CPU;
+#                                      # tests/test_agentic_gpu_dry.py; results tagged dry_)
 #
 # Variants (each its own process, `run.threads` 4, all on cuda:0):
 #   crm_scaled      crm-v1, the committed recipe; RL 8 prompts x 8 samples a step
-#   crm_success_kl  crm-v1, the README's third crm recipe (success-only reward, KL 0.1,
-#                   T = 0.5, Dr. GRPO advantages, SFT 1 epoch of 8), RL 8 x 8 a step
+#   crm_success_kl  crm-v1, the settings of the README's third full-weight crm recipe
+#                   (success-only reward, KL 0.1, T = 0.5, Dr. GRPO advantages, SFT 1
+#                   epoch of 8) over the committed recipe, which now has all but the KL
+#                   and the SFT schedule (and RL on LoRA adapters); RL 8 x 8 a step
 #   ttt_scaled      tictactoe-v1, the committed recipe; RL 16 prompts x 8 samples a step
 # Every RL stage stops when RL_MINUTES (default 4) of steps are spent (`run.max_minutes`),
 # then evaluates; periodic evaluations every 10 steps (`eval.every`) pair with SFT's.
@@ -17,8 +20,9 @@
 # Writes to OUT_DIR (default: a temporary directory): the results JSON of each pipeline
 # that finished (as benchmarks/results/agentic_<env>_gpu_<variant>.json), one
 # <variant>.tgz of its run directories (logs, metrics, evaluations, samples; no
-# checkpoints), and device.txt (nvidia-smi, torch). Interpreter: $PYTHON, else
-# .venv/bin/python, else python3; rldojo importable (PYTHONPATH=src will do).
+# checkpoints), and device.txt (nvidia-smi, torch). Exits 1 when a pipeline failed.
+# Interpreter: $PYTHON, else .venv/bin/python, else python3; rldojo importable
+# (PYTHONPATH=src will do).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,12 +46,15 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTH
 cat "$OUT_DIR/device.txt"
 
 if [ "$DRY" = 1 ]; then
+  KIND=dry  # results as agentic_<env>_dry_<variant>.json: the committed GPU ones stay
   COMMON=(--set model.name=tiny-random --set run.device=cpu --set run.threads=1
           --set run.steps=2 --set eval.every=1 --set eval.tasks=4 --set eval.before_tasks=2
           --set sampling.max_new_tokens=16 --set eval.max_new_tokens=16
-          --set sft.batch_size=4 --set sft.epochs=1 --set "run.max_minutes=$RL_MINUTES")
+          --set sft.batch_size=4 --set sft.epochs=1 --set "run.max_minutes=$RL_MINUTES"
+          --set "model.lora.layers=[1]")  # tiny-random has 2 layers
   DEMOS_CRM=8; DEMOS_TTT=8; PROMPTS=2; GROUP=2; PROMPTS_TTT=2; STEPS_ARGS=()
 else
+  KIND=gpu
   # The model's safetensors export, once, before three processes would race to write it.
   "$PY" -c "from rldojo.policy.models import smollm2_dir; print(smollm2_dir())" || exit 1
   COMMON=(--set run.device=cuda --set run.threads=4 --set eval.every=10
@@ -69,9 +76,11 @@ started=$(date +%s)
 pipeline() {  # pipeline VARIANT ENV DEMOS ARGS...
   local variant="$1" env="$2" demos="$3"; shift 3
   timeout --kill-after=10 "$LIMIT_S" "$PY" benchmarks/agentic_pipeline.py --envs "$env" \
-    --demos "$demos" --tag "gpu_$variant" --out "$WORK/$variant" "${COMMON[@]}" \
+    --demos "$demos" --tag "${KIND}_$variant" --out "$WORK/$variant" "${COMMON[@]}" \
     "${STEPS_ARGS[@]}" "$@" >"$WORK/$variant.out" 2>&1
-  echo "$variant: exit $? after $(( $(date +%s) - started ))s; $(tail -n 1 "$WORK/$variant.out")"
+  local rc=$?
+  [ "$rc" = 0 ] || echo "$variant" >>"$WORK/failed"
+  echo "$variant: exit $rc after $(( $(date +%s) - started ))s; $(tail -n 1 "$WORK/$variant.out")"
 }
 pipeline crm_scaled crm-v1 "$DEMOS_CRM" "${CRM[@]}" &
 pipeline crm_success_kl crm-v1 "$DEMOS_CRM" "${CRM[@]}" "${SUCCESS_KL[@]}" &
@@ -79,8 +88,8 @@ pipeline ttt_scaled tictactoe-v1 "$DEMOS_TTT" "${TTT[@]}" &
 wait
 
 for variant in crm_scaled crm_success_kl ttt_scaled; do
-  cp benchmarks/results/agentic_*_gpu_"$variant".json "$OUT_DIR"/ 2>/dev/null
-  [ "$DRY" = 1 ] && rm -f benchmarks/results/agentic_*_gpu_"$variant".json  # smoke: no figures
+  cp benchmarks/results/agentic_*_"${KIND}_$variant".json "$OUT_DIR"/ 2>/dev/null
+  [ "$DRY" = 1 ] && rm -f benchmarks/results/agentic_*_dry_"$variant".json  # smoke: no figures
   cp "$WORK/$variant.out" "$WORK/$variant/" 2>/dev/null
   tar -C "$WORK" --exclude=checkpoints -czf "$OUT_DIR/$variant.tgz" "$variant"
   if [ "$(stat -c %s "$OUT_DIR/$variant.tgz")" -gt 15000000 ]; then  # the ledger is large
@@ -89,3 +98,9 @@ for variant in crm_scaled crm_success_kl ttt_scaled; do
 done
 ls -la "$OUT_DIR"
 echo "agentic_gpu: done in $(( $(date +%s) - started ))s -> $OUT_DIR"
+failed="$(cat "$WORK/failed" 2>/dev/null | tr '\n' ' ')"
+rm -rf "$WORK"  # checkpoints included; the .tgz files hold the rest
+if [ -n "$failed" ]; then
+  echo "agentic_gpu: failed: ${failed}(see each .tgz's <variant>.out)"
+  exit 1
+fi

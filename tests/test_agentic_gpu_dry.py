@@ -1,0 +1,37 @@
+"""benchmarks/agentic_gpu.sh --dry: the GPU check's three pipelines (the committed
+agentic recipes, LoRA included) run end to end on tiny-random on the CPU, and the smoke
+run leaves the committed GPU results untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+VARIANTS = {"crm_scaled": "crm", "crm_success_kl": "crm", "ttt_scaled": "tictactoe"}
+
+
+def _digests() -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in RESULTS.glob("agentic_*_gpu_*.json")}  # fmt: skip
+
+
+def test_dry_run_trains_every_variant_and_keeps_the_committed_results(tmp_path):
+    before = _digests()
+    env = {**os.environ, "PYTHON": sys.executable, "OUT_DIR": str(tmp_path), "LIMIT_S": "300",
+           "PYTHONPATH": str(ROOT / "src")}  # fmt: skip
+    done = subprocess.run(["bash", "benchmarks/agentic_gpu.sh", "--dry"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=420)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for variant, env_name in VARIANTS.items():
+        result = json.loads((tmp_path / f"agentic_{env_name}_dry_{variant}.json").read_text())
+        assert result["rl"]["steps"] == 2 and result["rl"]["stopped"] == "steps"
+        assert all(s.startswith("ok/") for s in result["rl"]["statuses"])
+        assert (tmp_path / f"{variant}.tgz").stat().st_size > 0
+    assert _digests() == before
+    assert not list(RESULTS.glob("agentic_*_dry_*.json"))
