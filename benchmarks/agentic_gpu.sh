@@ -5,7 +5,7 @@
 #
 #   benchmarks/agentic_gpu.sh          # on a CUDA machine (~8 minutes)
 #   benchmarks/agentic_gpu.sh --dry    # a smoke run of the same on any machine (tiny-random, CPU;
-#                                      # tests/test_agentic_gpu_dry.py; results tagged dry_)
+#                                      # tests/test_agentic_gpu_dry.py; results in OUT_DIR only)
 #
 # Variants (each its own process, `run.threads` 4, all on cuda:0):
 #   crm_scaled      crm-v1, the committed recipe; RL 8 prompts x 8 samples a step
@@ -18,7 +18,8 @@
 # then evaluates; periodic evaluations every 10 steps (`eval.every`) pair with SFT's.
 # Each pipeline is killed at LIMIT_S (default 480) seconds; what it wrote stays.
 # Writes to OUT_DIR (default: a temporary directory): the results JSON of each pipeline
-# that finished (as benchmarks/results/agentic_<env>_gpu_<variant>.json), one
+# that finished (as benchmarks/results/agentic_<env>_gpu_<variant>.json; a dry run's
+# agentic_<env>_dry_<variant>.json are written to OUT_DIR alone), one
 # <variant>.tgz of its run directories (logs, metrics, evaluations, samples; no
 # checkpoints), and device.txt (nvidia-smi, torch). Exits 1 when a pipeline failed.
 # Interpreter: $PYTHON, else .venv/bin/python, else python3; rldojo importable
@@ -46,7 +47,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTH
 cat "$OUT_DIR/device.txt"
 
 if [ "$DRY" = 1 ]; then
-  KIND=dry  # results as agentic_<env>_dry_<variant>.json: the committed GPU ones stay
+  KIND=dry; RESULTS_DIR="$OUT_DIR"  # smoke: no figures in benchmarks/results
   COMMON=(--set model.name=tiny-random --set run.device=cpu --set run.threads=1
           --set run.steps=2 --set eval.every=1 --set eval.tasks=4 --set eval.before_tasks=2
           --set sampling.max_new_tokens=16 --set eval.max_new_tokens=16
@@ -54,7 +55,7 @@ if [ "$DRY" = 1 ]; then
           --set "model.lora.layers=[1]")  # tiny-random has 2 layers
   DEMOS_CRM=8; DEMOS_TTT=8; PROMPTS=2; GROUP=2; PROMPTS_TTT=2; STEPS_ARGS=()
 else
-  KIND=gpu
+  KIND=gpu; RESULTS_DIR=benchmarks/results
   # The model's safetensors export, once, before three processes would race to write it.
   "$PY" -c "from rldojo.policy.models import smollm2_dir; print(smollm2_dir())" || exit 1
   COMMON=(--set run.device=cuda --set run.threads=4 --set eval.every=10
@@ -76,8 +77,8 @@ started=$(date +%s)
 pipeline() {  # pipeline VARIANT ENV DEMOS ARGS...
   local variant="$1" env="$2" demos="$3"; shift 3
   timeout --kill-after=10 "$LIMIT_S" "$PY" benchmarks/agentic_pipeline.py --envs "$env" \
-    --demos "$demos" --tag "${KIND}_$variant" --out "$WORK/$variant" "${COMMON[@]}" \
-    "${STEPS_ARGS[@]}" "$@" >"$WORK/$variant.out" 2>&1
+    --demos "$demos" --tag "${KIND}_$variant" --results "$RESULTS_DIR" --out "$WORK/$variant" \
+    "${COMMON[@]}" "${STEPS_ARGS[@]}" "$@" >"$WORK/$variant.out" 2>&1
   local rc=$?
   [ "$rc" = 0 ] || echo "$variant" >>"$WORK/failed"
   echo "$variant: exit $rc after $(( $(date +%s) - started ))s; $(tail -n 1 "$WORK/$variant.out")"
@@ -88,8 +89,7 @@ pipeline ttt_scaled tictactoe-v1 "$DEMOS_TTT" "${TTT[@]}" &
 wait
 
 for variant in crm_scaled crm_success_kl ttt_scaled; do
-  cp benchmarks/results/agentic_*_"${KIND}_$variant".json "$OUT_DIR"/ 2>/dev/null
-  [ "$DRY" = 1 ] && rm -f benchmarks/results/agentic_*_dry_"$variant".json  # smoke: no figures
+  [ "$DRY" = 1 ] || cp "$RESULTS_DIR"/agentic_*_"${KIND}_$variant".json "$OUT_DIR"/ 2>/dev/null
   cp "$WORK/$variant.out" "$WORK/$variant/" 2>/dev/null
   tar -C "$WORK" --exclude=checkpoints -czf "$OUT_DIR/$variant.tgz" "$variant"
   if [ "$(stat -c %s "$OUT_DIR/$variant.tgz")" -gt 15000000 ]; then  # the ledger is large

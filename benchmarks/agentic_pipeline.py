@@ -18,10 +18,11 @@ time, the demonstrations' pass rate, SFT loss first/last, the machine (CPU flags
 
 Usage: python benchmarks/agentic_pipeline.py [--envs arith-tools-v1 crm-v1 tictactoe-v1]
            [--demos 200] [--set key=value ...] [--rl-set key=value ...]
-           [--sft-run DIR] [--out runs/agentic-pipeline] [--tag T]
+           [--sft-run DIR] [--out runs/agentic-pipeline] [--tag T] [--results DIR]
 Writes benchmarks/results/agentic_<env>.json (agentic_<env>_<T>.json with --tag; one
-file per environment, written when its pipeline ends). With `--set eval.every=N` the
-RL run's periodic evaluations are in `during_rl`, each paired with SFT.
+file per environment, written when its pipeline ends; --results DIR for another folder).
+With `--set eval.every=N` the RL run's periodic evaluations are in `during_rl`, each
+paired with SFT.
 """
 
 from __future__ import annotations
@@ -273,16 +274,17 @@ def main() -> None:
     parser.add_argument(
         "--tag", default="", help="results go to agentic_<env>_<tag>.json (a variant's file)"
     )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the results")
     args = parser.parse_args()
     if args.sft_run is not None and len(args.envs) != 1:
         parser.error("--sft-run: name the one environment it was for with --envs")
-    RESULTS.mkdir(exist_ok=True)
+    args.results.mkdir(parents=True, exist_ok=True)
     for env_id in args.envs:
         result = run_pipeline(
             env_id, args.demos, args.overrides, args.out, args.rl_overrides, args.sft_run
         )
         stem = f"agentic_{env_id.split('-v')[0].replace('-', '_')}"
-        path = RESULTS / f"{stem}_{args.tag}.json" if args.tag else RESULTS / f"{stem}.json"
+        path = args.results / (f"{stem}_{args.tag}.json" if args.tag else f"{stem}.json")
         path.write_text(json.dumps(result, indent=2))
         s, p = result["success"], result["paired"]["sft_to_sft_rl"]
         mcnemar_p = p["mcnemar"]["p_value"]
