@@ -35,3 +35,15 @@ def test_dry_run_trains_every_variant_and_keeps_the_committed_results(tmp_path):
         assert (tmp_path / f"{variant}.tgz").stat().st_size > 0
     assert _digests() == before
     assert not list(RESULTS.glob("agentic_*_dry_*.json"))
+
+
+def test_a_failed_pipeline_fails_the_script(tmp_path):
+    # An interpreter that exits 1 at once: every pipeline fails, with no timing involved.
+    env = {**os.environ, "PYTHON": "false", "OUT_DIR": str(tmp_path)}
+    done = subprocess.run(["bash", "benchmarks/agentic_gpu.sh", "--dry"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    failed = done.stdout.strip().splitlines()[-1]
+    assert failed.startswith("agentic_gpu: failed:")
+    assert set(failed.split(":")[2].split("(")[0].split()) == set(VARIANTS)
+    assert not list(tmp_path.glob("agentic_*.json"))
