@@ -193,7 +193,7 @@ def test_checkpoint_trainer_state_loads_with_map_location(tmp_path):
 def test_doctor_reports_device_cuda_and_backends(monkeypatch):
     import importlib.util
 
-    from rldojo import cli
+    from rldojo.commands import doctor
     from rldojo.policy import device as device_module
 
     monkeypatch.setattr(device_module, "cuda_device_count", lambda: 0)
@@ -203,7 +203,7 @@ def test_doctor_reports_device_cuda_and_backends(monkeypatch):
         return None if name == "vllm" else real_find(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    rows = {name: (status, detail) for name, status, detail in cli._doctor_rows()}
+    rows = {name: (status, detail) for name, status, detail in doctor._doctor_rows()}
     assert rows["device (auto)"][0] == "ok" and rows["device (auto)"][1].startswith("cpu")
     assert rows["cuda"][0] == "missing" and "torch" in rows["cuda"][1]
     assert rows["backend native"][0] == "ok"

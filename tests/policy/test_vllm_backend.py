@@ -356,9 +356,9 @@ def test_real_vllm_rejects_a_head_size_without_cpu_kernel(tiny):
 @pytest.mark.slow
 @needs_vllm
 def test_doctor_reports_vllm_ok():
-    from rldojo import cli
+    from rldojo.commands import doctor
 
-    rows = {name: (status, detail) for name, status, detail in cli._doctor_rows()}
+    rows = {name: (status, detail) for name, status, detail in doctor._doctor_rows()}
     assert rows["backend vllm"][0] == "ok" and "importable" in rows["backend vllm"][1]
 
 

@@ -6,6 +6,8 @@ so a subsystem adds a command without editing `cli.py`.
 """
 
 COMMAND_MODULES = (
+    "rldojo.commands.train",
+    "rldojo.commands.doctor",
     "rldojo.commands.serve",
     "rldojo.commands.grade",
     "rldojo.commands.check_env",

@@ -2,10 +2,10 @@
 
 A training config is a TOML file whose tables match the sections below (`[model]`,
 `[env]`, `[grader]`, `[sampling]`, `[rollout]`, `[loss]`, `[curriculum]`, `[optim]`,
-`[eval]`, `[run]`; `[model]` is in `rldojo.config.model`, `[sft]` for `rldojo sft` in
-`rldojo.config.sft`); every key is optional and documented once, where it is defined.
-Unknown keys are errors (typos must not silently fall back to defaults). Every error is
-one line naming the file and the key, e.g.
+`[eval]`, `[run]`; `[model]` is in `rldojo.config.model`, `[run]` in `rldojo.config.run`,
+`[sft]` for `rldojo sft` in `rldojo.config.sft`); every key is optional and documented
+once, where it is defined. Unknown keys are errors (typos must not silently fall back to
+defaults). Every error is one line naming the file and the key, e.g.
 `my.toml: loss.rho: Input should be less than or equal to 1`.
 """
 
@@ -20,6 +20,8 @@ from pydantic import Field, ValidationError
 from rldojo.config.base import ConfigError, _Section
 from rldojo.config.model import LoraSection as LoraSection  # re-exported
 from rldojo.config.model import ModelConfig
+from rldojo.config.run import RunConfig as RunConfig  # re-exported
+from rldojo.config.run import Tracker as Tracker
 from rldojo.config.sft import SftConfig
 
 
@@ -255,47 +257,6 @@ class EvalConfig(_Section):
     already, e.g. RL from an SFT checkpoint whose `rldojo sft` run evaluated it ("after"
     in that run's `evals/`, the same greedy episodes): it saves one evaluation. `rldojo
     sft` honours it too (and its own `sft.eval_before`)."""
-
-
-Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]
-
-
-class RunConfig(_Section):
-    steps: int = Field(12, ge=0)
-    """Optimizer steps to train (a resumed run trains up to this many in all)."""
-    max_minutes: float | None = Field(None, gt=0)
-    """Wall-clock budget of this invocation's training steps, in minutes (None: none). No
-    step starts once it is spent: the run then evaluates ("after"), checkpoints and
-    summarises as it would at `steps` (`summary.json`: `stopped` is "max_minutes", else
-    "steps"). The step under way finishes, so a run overshoots by at most one step; the
-    starting evaluation is not counted; a resumed run has the whole budget again."""
-    seed: int = 0
-    """Seeds task order, sampling and initialisation: the same seed, the same run."""
-    output_dir: str = "runs"
-    """Directory the run directories are created in."""
-    name: str | None = None
-    """Run directory name under output_dir (default: timestamp)."""
-    checkpoint_every: int = Field(0, ge=0)
-    """Save a checkpoint every K steps (0: only at the end)."""
-    deterministic: bool = False
-    """Deterministic torch kernels and single-threaded grading order (same metrics per run)."""
-    threads: int | None = Field(None, gt=0)
-    """torch intra-op threads of the trainer (None: every core this process may use, or
-    `OMP_NUM_THREADS` when set); local Ray workers share the cores (`rldojo.hardware.threads`)."""
-    cluster: Literal["local", "ray"] = "local"
-    """`ray`: rollout workers (generation, environments, grading) run as Ray actors."""
-    ray_address: str | None = None
-    """An existing Ray cluster (`ray://host:10001`, `auto`); None starts a local instance."""
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
-    """Where the policy, the KL reference, the optimizer state and the batches live:
-    `auto` (CUDA device 0 when torch sees one, else the CPU), `cpu`, `cuda` or `cuda:N`.
-    On CUDA training runs under bf16 autocast and generation in bf16 unless
-    `model.generation_dtype`/`model.autocast_bf16` say otherwise. A CUDA device this
-    machine lacks is a one-line error before any model loads (`rldojo.policy.device`)."""
-    report_to: list[Tracker] = Field(default_factory=lambda: list[Tracker](["tensorboard"]))
-    """Metric sinks besides `metrics.jsonl` (always written), as TRL's `report_to`:
-    `tensorboard` (RUN/tensorboard/), `wandb`, `trackio`, `mlflow` (extra `trackers`:
-    `pip install 'rldojo[trackers]'`); `[]` for the JSONL file alone."""
 
 
 class TrainConfig(_Section):

@@ -1,0 +1,78 @@
+"""`rldojo train`: forking-token GRPO on a TOML config, new or resumed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rldojo.commands.ui import console, fail, user_errors
+from rldojo.config import ConfigError, load_config
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(train)
+
+
+def train(
+    config: Annotated[
+        Path | None, typer.Argument(help="TOML config (default: the quickstart)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override, e.g. loss.rho=1.0")
+    ] = None,
+    resume: Annotated[Path | None, typer.Option(help="Resume the run in this directory")] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Validate, print the resolved config and plan; write nothing"
+        ),
+    ] = False,
+    allow_download: Annotated[
+        bool, typer.Option("--allow-download", help="Let a hub model id be downloaded")
+    ] = False,
+) -> None:
+    """Train a policy with forking-token GRPO (default: SmolLM2-135M on arith-v1)."""
+    from rldojo.train.loop import run_training
+
+    if allow_download:
+        os.environ["RLDOJO_ALLOW_DOWNLOAD"] = "1"
+    source = str(config) if config is not None else "defaults"
+    try:
+        if resume is not None:
+            base = config or resume / "config.toml"
+            source = str(base)
+            if not (resume / "config.toml").exists() and config is None:
+                fail(f"{resume}: not a run directory (no config.toml)")
+            cfg = load_config(base, set_ or [])
+        else:
+            cfg = load_config(config, set_ or [])
+            _note_defaults(config, set_ or [])
+        if dry_run:
+            from rldojo.train.preflight import dry_run as describe
+
+            describe(cfg, console)
+        elif resume is not None:
+            run_training(cfg, run_dir=resume, resume=True, console=console)
+        else:
+            run_training(cfg, console=console)
+    except ConfigError as exc:
+        fail(str(exc))
+    except user_errors() as exc:  # the config's values were wrong: say which file
+        fail(f"{source}: {exc}")
+
+
+def _note_defaults(config: Path | None, overrides: list[str]) -> None:
+    """A config file without [model] or [run] trains the quickstart's model and length:
+    say so rather than start a long default run silently."""
+    if config is None:
+        return
+    import tomllib
+
+    data = tomllib.loads(config.read_text())
+    for section, what in (("model", "model smollm2-135m-instruct"), ("run", "12 steps")):
+        if section not in data and not any(o.startswith(f"{section}.") for o in overrides):
+            console.print(f"note: {config} has no \\[{section}]: using the default ({what})",
+                          soft_wrap=True)  # fmt: skip

@@ -1,0 +1,54 @@
+"""The `[run]` section: how long a run trains, where it writes, how it stops.
+
+A run directory (`run.output_dir`/`run.name`) holds one run: `rldojo train`, `sft` and
+`distill` refuse to start in one that already holds a run unless told to resume or
+overwrite it (`rldojo.store.run_dir`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rldojo.config.base import _Section
+
+Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]
+
+
+class RunConfig(_Section):
+    steps: int = Field(12, ge=0)
+    """Optimizer steps to train (a resumed run trains up to this many in all)."""
+    max_minutes: float | None = Field(None, gt=0)
+    """Wall-clock budget of this invocation's training steps, in minutes (None: none). No
+    step starts once it is spent: the run then evaluates ("after"), checkpoints and
+    summarises as it would at `steps` (`summary.json`: `stopped` is "max_minutes", else
+    "steps"). The step under way finishes, so a run overshoots by at most one step; the
+    starting evaluation is not counted; a resumed run has the whole budget again."""
+    seed: int = 0
+    """Seeds task order, sampling and initialisation: the same seed, the same run."""
+    output_dir: str = "runs"
+    """Directory the run directories are created in."""
+    name: str | None = None
+    """Run directory name under output_dir (default: timestamp)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every K steps (0: only at the end)."""
+    deterministic: bool = False
+    """Deterministic torch kernels and single-threaded grading order (same metrics per run)."""
+    threads: int | None = Field(None, gt=0)
+    """torch intra-op threads of the trainer (None: every core this process may use, or
+    `OMP_NUM_THREADS` when set); local Ray workers share the cores (`rldojo.hardware.threads`)."""
+    cluster: Literal["local", "ray"] = "local"
+    """`ray`: rollout workers (generation, environments, grading) run as Ray actors."""
+    ray_address: str | None = None
+    """An existing Ray cluster (`ray://host:10001`, `auto`); None starts a local instance."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where the policy, the KL reference, the optimizer state and the batches live:
+    `auto` (CUDA device 0 when torch sees one, else the CPU), `cpu`, `cuda` or `cuda:N`.
+    On CUDA training runs under bf16 autocast and generation in bf16 unless
+    `model.generation_dtype`/`model.autocast_bf16` say otherwise. A CUDA device this
+    machine lacks is a one-line error before any model loads (`rldojo.policy.device`)."""
+    report_to: list[Tracker] = Field(default_factory=lambda: list[Tracker](["tensorboard"]))
+    """Metric sinks besides `metrics.jsonl` (always written), as TRL's `report_to`:
+    `tensorboard` (RUN/tensorboard/), `wandb`, `trackio`, `mlflow` (extra `trackers`:
+    `pip install 'rldojo[trackers]'`); `[]` for the JSONL file alone."""
