@@ -60,6 +60,10 @@ class Collected:
     """Phase times (`time/generate`, `time/grade`, ...) and source counters."""
     rounds: int
     """Extra rounds drawn to refill groups without signal (dynamic sampling)."""
+    task_metrics: dict[str, float] = field(default_factory=dict)
+    """The task sampler's metrics (the curriculum's), taken by the thread that drew and
+    observed these groups right after it did: the trainer logs this snapshot instead of
+    reading the sampler, which an asynchronous producer may be changing meanwhile."""
 
     @property
     def rollouts(self) -> list[Rollout]:

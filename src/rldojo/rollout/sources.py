@@ -4,8 +4,17 @@ collecting experience and learning from it.
 A source is built from narrow parts — a `TaskSampler` (what to roll out; the curriculum),
 `Rounds` over a `Generation` (how: local policy or Ray actors; ledger commits) and the
 ledger — never from the trainer. The trainer calls `collect(step, version)` and gets a
-`Collected` (groups, phase times, extra rounds); `checkpoint_state()` is the task-draw
-position a checkpoint must save; `close()` stops what the source started.
+`Collected` (groups, phase times, extra rounds, the task sampler's metrics);
+`checkpoint_state()` is the task-draw position a checkpoint must save; `close()` stops
+what the source started.
+
+One thread owns the task sampler: the one that draws and observes (the trainer's in
+`SyncSource`, the producer's in `AsyncSource`). The curriculum behind it is plain dicts,
+so a read from another thread while the owner observes can fail ("dictionary changed
+size during iteration") or see half an update. The owner therefore takes the sampler's
+metrics and draw state right after each batch and hands them over with the groups; the
+trainer logs `Collected.task_metrics` and checkpoints `checkpoint_state()`, never the
+sampler itself.
 
 `SyncSource` (`rollout.max_policy_lag = 0`): each step's rounds are rolled out when the
 step asks, with the current weights; groups without signal are refilled by drawing more
@@ -104,7 +113,7 @@ class SyncSource:
                 round=rounds, timing=timing, announce=self.watchdog.set,
             )  # fmt: skip
             if _full(groups, self.cfg, rounds):
-                return Collected(groups, timing, rounds)
+                return Collected(groups, timing, rounds, self.rounds.tasks.metrics())
             rounds += 1
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -119,7 +128,8 @@ class _Batch:
     groups: list[Group]
     version: int
     index: int
-    draw_state: dict[str, Any]  # the task-draw state after drawing this batch
+    draw_state: dict[str, Any]  # the task-draw state after drawing and observing this batch
+    task_metrics: dict[str, float]  # the task sampler's metrics at the same moment
     timing: dict[str, float] = field(default_factory=dict)
 
 
@@ -178,11 +188,14 @@ class AsyncSource:
 
     async def _produce(self, ledger: Ledger) -> _Batch:
         """Batch b: its tasks, seed and ledger round follow from b and the draw state, so
-        after a resume the same batch is drawn again, and reused if it was committed."""
+        after a resume the same batch is drawn again, and reused if it was committed.
+
+        The draw state is taken after the round has reported its groups to the sampler:
+        batch b+1 was drawn by a curriculum that had seen batch b, so a run resumed after
+        batch b must start from that curriculum to draw the same batch b+1 again."""
         b = self.batches
         sampler = self.rounds.tasks
         tasks = sampler.draw(oversampled(self.cfg.prompts_per_step, self.cfg.oversample))
-        draw_state = sampler.state_dict()
         self.batches += 1
         timing: dict[str, float] = {"time/generate": 0.0, "time/grade": 0.0}
         groups = await self.rounds.run(
@@ -191,12 +204,12 @@ class AsyncSource:
         )  # fmt: skip
         rollouts = [r for g in groups for r in g.rollouts]
         version = min((r.policy_version for r in rollouts), default=self.rounds.version())
-        return _Batch(groups, version, b, draw_state, timing)
+        return _Batch(groups, version, b, sampler.state_dict(), sampler.metrics(), timing)
 
     # ------------------------------------------------------------------ consumer
 
-    def take(self, current_version: int) -> tuple[list[Group], dict[str, float]]:
-        """The next batch of groups within the lag bound (older ones are dropped).
+    def take(self, current_version: int) -> tuple[_Batch, dict[str, float]]:
+        """The next batch within the lag bound (older ones are dropped), and its counters.
         `consumed` is then (next batch index, task-draw state after the last taken batch):
         what a checkpoint saves, since the producer has drawn further ahead."""
         dropped = 0
@@ -212,7 +225,7 @@ class AsyncSource:
                 info = dict(batch.timing)
                 info |= {"rollout/policy_lag": lag, "rollout/stale_dropped": dropped}
                 info["time/wait_rollouts"] = waited
-                return batch.groups, info
+                return batch, info
             dropped += len(batch.groups)
             log.warning("dropped %d groups %d versions old (max lag %d)", len(batch.groups),
                         lag, self.max_lag)  # fmt: skip
@@ -223,12 +236,12 @@ class AsyncSource:
         timing: dict[str, float] = {}
         rounds = 0
         while True:
-            new, info = self.take(version)
-            groups += new
+            batch, info = self.take(version)
+            groups += batch.groups
             for key, value in info.items():
                 timing[key] = timing.get(key, 0.0) + value
-            if _full(groups, self.cfg, rounds):
-                return Collected(groups, timing, rounds)
+            if _full(groups, self.cfg, rounds):  # the sampler as the last batch left it
+                return Collected(groups, timing, rounds, batch.task_metrics)
             rounds += 1
 
     def _get(self) -> _Batch:

@@ -4,6 +4,11 @@
 gives the next training tasks, `observe(groups)` tells the curriculum how each task's
 group went (so it learns on every source — synchronous, asynchronous or Ray), and
 `state_dict()` is the draw position a checkpoint saves.
+
+A sampler is not thread-safe and has one owner: the thread that draws and observes. Its
+`metrics()` and `state_dict()` iterate what `observe` changes, so they are called by that
+thread too; the rollout sources take both after each batch and hand them to the trainer
+with the groups (`rldojo.rollout.sources`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class TaskSampler:
                 self.curriculum.observe(g.task.id, g.rewards)
 
     def metrics(self) -> dict[str, float]:
+        """The curriculum's counts and pass rates (a new dict; empty without one)."""
         return {} if self.curriculum is None else dict(self.curriculum.metrics())
 
     def state_dict(self) -> dict[str, Any]:

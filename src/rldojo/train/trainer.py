@@ -210,7 +210,7 @@ class Trainer:
             "time/tokens_per_s_generate": n_tokens / max(timing["time/generate"], 1e-9)
         }
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
-        metrics |= self.tasks.metrics()
+        metrics |= collected.task_metrics  # taken by the sampler's own thread (see sources)
         if self.env_pool is not None:
             metrics |= self.env_pool.metrics()
         if self.grader_pool is not None:
