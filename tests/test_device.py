@@ -221,3 +221,38 @@ def test_gpu_check_script_is_valid_bash_and_documents_itself():
     out = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True,
                          check=False)  # fmt: skip
     assert out.returncode == 0 and "--device cpu --dry" in out.stdout
+
+
+def test_doctor_reprobe_measures_again_and_rewrites_the_cache(tmp_path, monkeypatch):
+    """A fresh cached probe is normally reused; `--reprobe` measures anyway, rewrites the
+    entry and prints the new figures (the table then reads the rewritten entry)."""
+    import json
+    import time
+
+    from typer.testing import CliRunner
+
+    from rldojo.cli import app
+    from rldojo.hardware import precision as hp
+
+    monkeypatch.setenv("RLDOJO_CACHE", str(tmp_path))
+    path = tmp_path / "precision.json"
+    old = {"fp32": 50.0, "bf16": 1.5, "measured_at": time.time(),
+           "cpu_flags": hp.cpu_flags(), "torch": torch.__version__}  # fmt: skip
+    path.write_text(json.dumps({hp.machine_key(): old}))
+    measured: list[torch.dtype] = []
+
+    def measure_matmul(dtype, seconds=hp.PROBE_SECONDS):
+        measured.append(dtype)
+        return {torch.float32: 61.0, torch.bfloat16: 137.0}[dtype]  # not a timing
+
+    monkeypatch.setattr(hp, "measure_matmul", measure_matmul)
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert measured == []  # the fresh entry was reused
+    result = CliRunner().invoke(app, ["doctor", "--reprobe"])
+    assert result.exit_code == 0, result.output
+    assert measured == [torch.float32, torch.bfloat16]  # once, by --reprobe
+    text = " ".join(result.output.split())
+    assert "measured again: fp32 61.0, bf16 137.0 GFLOP/s -> generation bfloat16" in text
+    entry = json.loads(path.read_text())[hp.machine_key()]
+    assert (entry["fp32"], entry["bf16"]) == (61.0, 137.0)

@@ -10,7 +10,7 @@ import torch
 from rldojo.hardware import precision as hp
 from rldojo.hardware.precision import MatmulProbe, choose, resolve_precision
 
-AVX2 = MatmulProbe(fp32=54.3, bf16=1.3)  # measured on an AVX2-only EPYC (issue 11)
+AVX2 = MatmulProbe(fp32=54.3, bf16=1.3)  # measured on an AVX2-only EPYC
 BF16_UNITS = MatmulProbe(fp32=60.0, bf16=130.0)  # a CPU with AVX-512 bf16 units
 
 
@@ -70,7 +70,9 @@ def test_probe_is_cached_per_machine(tmp_path, monkeypatch) -> None:
     assert hp.cached_probe(path, measure) == AVX2
     assert hp.cached_probe(path, measure) == AVX2
     assert calls == [1]  # the second read came from the file
-    assert json.loads(path.read_text()) == {hp.machine_key(): {"fp32": 54.3, "bf16": 1.3}}
+    (entry,) = json.loads(path.read_text()).values()
+    assert (entry["fp32"], entry["bf16"]) == (54.3, 1.3)
+    assert (entry["cpu_flags"], entry["torch"]) == (hp.cpu_flags(), torch.__version__)
     monkeypatch.setattr(hp, "machine_key", lambda: "another machine")
     assert hp.cached_probe(path, lambda: BF16_UNITS) == BF16_UNITS  # a new key measures
     assert len(json.loads(path.read_text())) == 2
@@ -80,7 +82,78 @@ def test_corrupt_cache_is_measured_again(tmp_path) -> None:
     path = tmp_path / "precision.json"
     path.write_text("{not json")
     assert hp.cached_probe(path, lambda: AVX2) == AVX2
-    assert json.loads(path.read_text())[hp.machine_key()] == {"fp32": 54.3, "bf16": 1.3}
+    assert json.loads(path.read_text())[hp.machine_key()]["fp32"] == 54.3
+
+
+NOW = 1_700_000_000.0  # the clock `cached_probe` is given: no test reads the real one
+
+
+def _entry(**changes) -> dict:
+    """A cache entry for this machine, measured a day before `NOW`, with `changes`."""
+    entry = {"fp32": 54.3, "bf16": 1.3, "measured_at": NOW - 86400.0,
+             "cpu_flags": hp.cpu_flags(), "torch": torch.__version__}  # fmt: skip
+    return entry | changes
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"cpu_flags": "0123456789abcdef"},  # same model name, other vector units
+        {"torch": "1.0.0"},  # other kernels
+        {"measured_at": NOW - hp.PROBE_MAX_AGE_S - 1.0},  # too old
+        {"measured_at": NOW + 86400.0},  # dated in the future: not trusted
+        {"measured_at": None},  # written before entries were dated
+    ],
+    ids=["flags", "torch", "old", "future", "undated"],
+)
+def test_a_stale_cache_entry_is_measured_again(tmp_path, changes) -> None:
+    path = tmp_path / "precision.json"
+    path.write_text(json.dumps({hp.machine_key(): _entry(**changes)}))
+    calls: list[int] = []
+
+    def measure() -> MatmulProbe:
+        calls.append(1)
+        return BF16_UNITS
+
+    assert hp.cached_probe(path, measure, now=NOW) == BF16_UNITS
+    assert calls == [1]
+    entry = json.loads(path.read_text())[hp.machine_key()]  # replaced, freshly dated
+    assert (entry["fp32"], entry["bf16"], entry["measured_at"]) == (60.0, 130.0, NOW)
+    assert (entry["cpu_flags"], entry["torch"]) == (hp.cpu_flags(), torch.__version__)
+    assert hp.cached_probe(path, measure, now=NOW + 60.0) == BF16_UNITS
+    assert calls == [1]  # the new entry is reused
+
+
+def test_a_fresh_cache_entry_is_reused_until_refresh(tmp_path) -> None:
+    path = tmp_path / "precision.json"
+    path.write_text(json.dumps({hp.machine_key(): _entry()}))
+    calls: list[int] = []
+
+    def measure() -> MatmulProbe:
+        calls.append(1)
+        return BF16_UNITS
+
+    almost = NOW - 86400.0 + hp.PROBE_MAX_AGE_S  # the last moment it is still fresh
+    assert hp.cached_probe(path, measure, now=NOW) == AVX2
+    assert hp.cached_probe(path, measure, now=almost) == AVX2
+    assert calls == []
+    assert hp.cached_probe(path, measure, now=NOW, refresh=True) == BF16_UNITS
+    assert calls == [1]
+    assert json.loads(path.read_text())[hp.machine_key()]["bf16"] == 130.0
+
+
+def test_cpu_flags_digest_follows_the_flags_line(monkeypatch) -> None:
+    def cpuinfo(flags: str):
+        return lambda: ["processor\t: 0", "model name\t: Some CPU", f"flags\t\t: {flags}"]
+
+    monkeypatch.setattr(hp, "_cpuinfo", cpuinfo("fpu avx2 avx512f"))
+    digest = hp.cpu_flags()
+    monkeypatch.setattr(hp, "_cpuinfo", cpuinfo("avx512f fpu avx2"))  # order is not a change
+    assert hp.cpu_flags() == digest
+    monkeypatch.setattr(hp, "_cpuinfo", cpuinfo("fpu avx2 avx512f avx512_bf16"))
+    assert hp.cpu_flags() != digest
+    monkeypatch.setattr(hp, "_cpuinfo", lambda: [])
+    assert hp.cpu_flags() == "unknown"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

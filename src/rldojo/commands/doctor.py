@@ -1,4 +1,9 @@
-"""`rldojo doctor`: what is installed, which device, precision, backends and sandbox work."""
+"""`rldojo doctor`: what is installed, which device, precision, backends and sandbox work.
+
+`--reprobe` measures the fp32/bf16 matmul probe again before the table and rewrites its
+cache entry (`rldojo.hardware.precision`): for a machine whose cached measurement was
+taken under load, without waiting for the entry to go stale.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import importlib.util
 import os
 import platform
 import sys
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -131,8 +137,32 @@ def _sandbox_row() -> tuple[str, str, str]:
     return ("sandbox", "ok" if result.strict else "weak", result.summary)
 
 
-def doctor() -> None:
+def _reprobe() -> str:
+    """Measure the precision probe again, rewrite its cache, and say what it decides."""
+    from rldojo.cache import cache_dir
+    from rldojo.hardware.precision import cached_probe, choose, cpu_capability
+
+    path = cache_dir() / "precision.json"
+    probe = cached_probe(path, refresh=True)
+    dtype, reason = choose("cpu", cpu_capability(), probe)
+    return (
+        f"matmul probe measured again: fp32 {probe.fp32:.1f}, bf16 {probe.bf16:.1f} GFLOP/s"
+        f" -> generation {dtype} on the CPU ({reason}); written to {path}"
+    )
+
+
+def doctor(
+    reprobe: Annotated[
+        bool,
+        typer.Option(
+            "--reprobe",
+            help="Measure the fp32/bf16 matmul probe again and rewrite its cached result",
+        ),
+    ] = False,
+) -> None:
     """What is installed, which backends and sandboxes work."""
+    if reprobe:
+        console.print(escape(_reprobe()), soft_wrap=True)
     table = Table(title="rldojo doctor")
     for col in ("component", "status", "detail"):
         table.add_column(col)

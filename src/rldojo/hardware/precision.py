@@ -2,12 +2,18 @@
 
 CPUs of the same family differ: with AVX-512 bf16 units (AMD Zen 4, Intel Sapphire
 Rapids) a bf16 matmul runs about 2x faster than fp32; on an AVX2-only CPU it runs about
-30x *slower* (2.2 vs 66 GFLOP/s measured, issue 11), because there is no bf16 hardware
-and each product is emulated. So `"auto"` (the default for `model.generation_dtype` and
-`model.autocast_bf16`) does not guess from the CPU's name: it times a matmul of the
-shape the model's layers use in both dtypes and picks bf16 only when it is clearly
-faster (`BF16_MIN_SPEEDUP`). The result is cached per machine (CPU model, torch
-capability, torch version, threads) in the rldojo cache, so the probe (~0.3 s) runs once.
+30x *slower* (2.2 vs 66 GFLOP/s measured on an AVX2-only EPYC), because there is no
+bf16 hardware and each product is emulated. So `"auto"` (the default for
+`model.generation_dtype` and `model.autocast_bf16`) does not guess from the CPU's name:
+it times a matmul of the shape the model's layers use in both dtypes and picks bf16 only
+when it is clearly faster (`BF16_MIN_SPEEDUP`). The result is cached per machine (CPU
+model, torch capability, torch version, threads) in the rldojo cache, so the probe
+(~0.3 s) runs once in a while rather than in every process. Not forever: one measurement
+taken while the machine was busy would otherwise decide for good. A cached result is
+measured again when the CPU flags changed (a VM moved to another host, a hypervisor that
+masks AVX-512), the torch version changed (new kernels), or it is older than
+`PROBE_MAX_AGE_S`; `rldojo doctor --reprobe` measures again at once
+(`cached_probe(refresh=True)`).
 On a CUDA device bf16 is chosen without a probe (tensor cores). Explicit values win.
 
 `choose` is the pure decision (capability and probe results in, choice and reason out);
@@ -16,6 +22,7 @@ On a CUDA device bf16 is chosen without a probe (tensor cores). Explicit values 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -37,6 +44,10 @@ BF16_MIN_SPEEDUP = 1.2
 # The probe's shape: a decode batch of 64 rows through SmolLM2's MLP (576 -> 1536).
 PROBE_SHAPE = (64, 576, 1536)
 PROBE_SECONDS = 0.1  # per dtype, after one warm-up call
+PROBE_MAX_AGE_S = 30 * 24 * 3600.0
+"""A cached probe older than this (30 days) is measured again: often enough that a
+measurement taken under load does not decide for good, rarely enough that the ~0.3 s
+probe is not felt."""
 
 
 @dataclass(frozen=True)
@@ -117,38 +128,58 @@ def probe_matmul() -> MatmulProbe:
     return MatmulProbe(fp32=measure_matmul(torch.float32), bf16=measure_matmul(torch.bfloat16))
 
 
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux: the platform's name stands in
+        return []
+
+
 def machine_key() -> str:
     """What the probe's result depends on: CPU model, capability, torch, threads."""
     model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    for line in _cpuinfo():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
     return f"{model}|{cpu_capability()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
 
 
-def cached_probe(
-    path: Path | None = None, measure: Callable[[], MatmulProbe] = probe_matmul
-) -> MatmulProbe:
-    """The probe for this machine, measured once and kept in `path` (default: the cache)."""
-    path = path or cache_dir() / "precision.json"
-    key = machine_key()
+def cpu_flags() -> str:
+    """A short digest of the CPU's feature flags (`flags` on x86, `Features` on Arm):
+    the same model name can come with other vector units, e.g. on another VM host."""
+    for line in _cpuinfo():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            text = " ".join(sorted(value.split()))
+            return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return "unknown"
+
+
+def _stale(entry: dict[str, Any], now: float, max_age_s: float) -> str | None:
+    """Why a cached entry must be measured again, or None when it still holds."""
+    try:
+        age = now - float(entry["measured_at"])
+    except (KeyError, TypeError, ValueError):
+        return "no date"  # written before entries were dated: its age is unknown
+    if entry.get("cpu_flags") != cpu_flags():
+        return "other CPU flags"
+    if entry.get("torch") != torch.__version__:
+        return "another torch version"
+    if not 0.0 <= age <= max_age_s:  # a date in the future is not trusted either
+        return f"{age / 86400:.0f} days old"
+    return None
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
     try:
         known = json.loads(path.read_text())
     except (OSError, ValueError):
-        known = {}
-    if isinstance(known, dict) and isinstance(known.get(key), dict):
-        entry = known[key]
-        try:
-            return MatmulProbe(fp32=float(entry["fp32"]), bf16=float(entry["bf16"]))
-        except (KeyError, TypeError, ValueError):
-            pass
-    probe = measure()
-    known = known if isinstance(known, dict) else {}
-    known[key] = asdict(probe)
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_cache(path: Path, known: dict[str, Any]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -156,6 +187,33 @@ def cached_probe(
         os.replace(tmp, path)
     except OSError:  # a read-only cache only costs the probe next time
         pass
+
+
+def cached_probe(
+    path: Path | None = None,
+    measure: Callable[[], MatmulProbe] | None = None,
+    *,
+    refresh: bool = False,
+    now: float | None = None,
+    max_age_s: float = PROBE_MAX_AGE_S,
+) -> MatmulProbe:
+    """The probe for this machine, kept in `path` (default: the cache) and measured again
+    when the entry is stale (see the module docstring) or `refresh` asks; `measure`
+    defaults to `probe_matmul`."""
+    path = path or cache_dir() / "precision.json"
+    now = time.time() if now is None else now
+    key = machine_key()
+    known = _read_cache(path)
+    entry = known.get(key)
+    if not refresh and isinstance(entry, dict) and _stale(entry, now, max_age_s) is None:
+        try:
+            return MatmulProbe(fp32=float(entry["fp32"]), bf16=float(entry["bf16"]))
+        except (KeyError, TypeError, ValueError):
+            pass
+    probe = (measure or probe_matmul)()
+    stamp = {"measured_at": now, "cpu_flags": cpu_flags(), "torch": torch.__version__}
+    known[key] = asdict(probe) | stamp
+    _write_cache(path, known)
     return probe
 
 
