@@ -17,6 +17,11 @@ It holds the in-sandbox half of the isolation chain (see ``rldojo.sandbox``):
   close it, lower limits and run ``/rldojo/main.py`` as ``__main__`` (in this mode
   bubblewrap itself loads the candidate filter).
 
+The start record ends start-up: writing it (``emit_raw``, whichever entry script does)
+also writes one byte on the job's ``started_fd`` pipe and closes it, and the parent
+starts the run's wall-clock limit when that byte arrives (until then the separate
+start-up bound applies; see ``rldojo.sandbox.spec.Limits``).
+
 Startup cost matters (a trivial run should cost little more than ``python3 -c pass``):
 the plain path imports only builtin modules (marshal, resource, _signal), never json,
 ctypes or runpy, which would pull in re/enum/collections at several milliseconds.
@@ -35,6 +40,7 @@ _PR_SET_DUMPABLE = 4
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _MIB = 1024 * 1024
+_started_fd = None  # the job's started pipe until the start record is written (load_job)
 
 
 def _libc():
@@ -45,8 +51,11 @@ def _libc():
 
 def load_job():
     """The job description the parent wrote for this run (limits, fds, mode)."""
+    global _started_fd
     with open(JOB_PATH, "rb") as fh:
-        return marshal.loads(fh.read())
+        job = marshal.loads(fh.read())
+    _started_fd = job.get("started_fd")
+    return job
 
 
 def read_nonce(fd):
@@ -58,8 +67,26 @@ def read_nonce(fd):
 
 
 def emit_raw(fd, nonce, payload):
-    """Write one framed record on the control channel: magic, nonce, length, JSON bytes."""
+    """Write one framed record on the control channel: magic, nonce, length, JSON bytes.
+    The start record also tells the parent that start-up is over (`signal_started`)."""
     os.writev(fd, [FRAME_MAGIC, nonce, len(payload).to_bytes(4, "little"), payload])
+    if payload == START_RECORD:
+        signal_started()
+
+
+def signal_started():
+    """One byte on the started pipe, then close it: the parent starts the run's clock.
+    Closed before any untrusted code runs, so that code cannot hold it."""
+    global _started_fd
+    fd, _started_fd = _started_fd, None
+    if fd is None:
+        return
+    try:
+        os.write(fd, b"s")
+    except OSError:  # the parent gave up on this run already
+        pass
+    finally:
+        os.close(fd)
 
 
 def emit(fd, nonce, record):

@@ -1,4 +1,4 @@
-"""Run one `ExecSpec` in bubblewrap as a dropped uid, enforce the wall timeout, collect output.
+"""Run one `ExecSpec` in bubblewrap as a dropped uid, within its limits; collect the output.
 
 The chain for one execution (parent side):
 
@@ -11,25 +11,26 @@ The chain for one execution (parent side):
    --no-new-privs`` drops root to the slot's uid, then execs bwrap, which unshares all
    namespaces unprivileged. (setpriv instead of ``Popen(user=...)`` keeps the spawn a
    vfork, cheap even from a trainer process with a multi-GB heap.)
-3. bwrap reports the sandbox's pid-1 on ``--info-fd``; when the slot has a cgroup, bwrap
-   waits on ``--block-fd`` until both processes are attached.
-4. On timeout the parent SIGKILLs the sandbox's pid 1 (the kernel then kills the whole
-   pid namespace), then the bwrap process group. This process is a child subreaper, so
-   a pid-1 orphaned by a killed bwrap comes back to us and is reaped by pid (zombies
-   would otherwise count against the slot uid's process budget).
-5. The control channel holds frames ``b"RD" + nonce + len + JSON`` written by trusted
+3. `rldojo.sandbox.supervise` watches the process: the sandbox's pid 1 from bwrap's
+   ``--info-fd``, the cgroup (bwrap waits on ``--block-fd`` until both processes are
+   attached), then two limits. Start-up (spawn, namespaces, the interpreter's own
+   start) is bounded by ``Limits.startup_timeout_s``; the run's wall-clock limit
+   ``Limits.timeout_s`` starts when the launcher writes its start record, which it
+   signals with one byte on the started pipe (``launcher.signal_started``). An
+   interpreter slow to start on a loaded machine thus costs the program none of its
+   time; a sandbox that never starts is a ``sandbox_error`` that says start-up timed
+   out. On expiry the whole pid namespace is killed and orphans are reaped.
+4. The control channel holds frames ``b"RD" + nonce + len + JSON`` written by trusted
    code only; frames with a wrong nonce end the parse.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import marshal
 import os
-import select
 import signal
 import struct
 import subprocess
@@ -42,12 +43,11 @@ from rldojo.sandbox import seccomp
 from rldojo.sandbox.bwrap import Interpreter, build_argv
 from rldojo.sandbox.cgroups import SlotCgroup
 from rldojo.sandbox.spec import ExecResult, ExecSpec
+from rldojo.sandbox.supervise import ensure_subreaper, supervise
 
 FRAME_MAGIC = b"RD"
 _FRAME_HEAD = 2 + 16 + 4
 _CONTROL_CAP = 64 << 20
-_PR_SET_CHILD_SUBREAPER = 36
-_subreaper_set = False
 
 
 @dataclass(frozen=True)
@@ -75,15 +75,6 @@ class Slot:
 @functools.cache
 def launcher_source() -> bytes:
     return resources.files("rldojo.sandbox").joinpath("launcher.py").read_bytes()
-
-
-def ensure_subreaper() -> None:
-    """Make this process a child subreaper (once): orphaned sandbox inits come back to us."""
-    global _subreaper_set
-    if not _subreaper_set:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        _subreaper_set = True
 
 
 class _Fds:
@@ -143,65 +134,6 @@ def _read_capped(fd: int, cap: int) -> tuple[str, bool]:
     return data[:cap].decode("utf-8", errors="replace"), len(data) > cap
 
 
-def _read_info(fd: int, deadline: float) -> int | None:
-    """The host pid of the sandbox's pid 1, from bwrap's --info-fd (None if bwrap died)."""
-    chunks = b""
-    while b"}" not in chunks:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            return None
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return None
-        chunks += chunk
-    try:
-        return int(json.loads(chunks)["child-pid"])
-    except (ValueError, KeyError):
-        return None
-
-
-def _host_uid(pid: int | None) -> int | None:
-    """Real uid of a host process (the sandbox's pid 1 as the host sees it)."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _reap_orphan(pid: int) -> None:
-    """Reap `pid` if it was re-parented to us (we are a subreaper) after bwrap died."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return
-    if ppid == os.getpid():
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-
-
-def _kill(proc: subprocess.Popen[bytes], child_pid: int | None) -> None:
-    if child_pid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child_pid, signal.SIGKILL)  # pid 1 of the namespace: all of it dies
-        try:
-            proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pass
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    if child_pid is not None:
-        _reap_orphan(child_pid)
-
-
 def _command_prefix(env: SandboxEnv, slot: Slot) -> list[str]:
     if not (env.drop_uid and slot.uid is not None and env.setpriv):
         return []
@@ -231,12 +163,15 @@ def _spawn(
 
 
 def _classify(
-    records: list[dict[str, Any]], timed_out: bool, rc: int | None, stderr: str, oom: bool
+    records: list[dict[str, Any]], timed_out: str | None, rc: int | None, stderr: str, oom: bool
 ) -> tuple[str, str]:
-    """(status, error) of a finished execution."""
+    """(status, error) of a finished execution; `timed_out` names the limit that expired
+    (`start-up: ...` or `run`), None when the sandbox exited by itself."""
+    tail = stderr[-400:].strip()
+    if timed_out is not None and timed_out.startswith("start-up"):
+        return "sandbox_error", timed_out + (f": {tail}" if tail else "")
     if not any(r.get("k") == "start" for r in records):
-        why = "timed out before the sandbox started" if timed_out else "sandbox did not start"
-        return "sandbox_error", f"{why}: {stderr[-400:]}".strip()
+        return "sandbox_error", "sandbox did not start" + (f": {tail}" if tail else "")
     if timed_out:
         return "timeout", ""
     if oom or "MemoryError" in stderr[-2000:].strip().rsplit("\n", 1)[-1]:
@@ -262,8 +197,9 @@ def _execute(spec: ExecSpec, env: SandboxEnv, slot: Slot, fds: _Fds) -> ExecResu
     nonce = os.urandom(16)
     out, err, ctl = fds.memfd("stdout"), fds.memfd("stderr"), fds.memfd("control")
     stdin, nonce_fd = fds.memfd("stdin", spec.stdin), fds.memfd("nonce", nonce)
+    started_r, started_w = fds.pipe()  # a byte when the start record is written
     job = {**spec.job, "limits": spec.limits.for_job(), "allow_fork": spec.allow_fork}
-    job.update(control_fd=ctl, nonce_fd=nonce_fd)
+    job.update(control_fd=ctl, nonce_fd=nonce_fd, started_fd=started_w)
     ro = {"launcher.py": launcher_source(), "job.marshal": marshal.dumps(job, 4)}
     if spec.script is not None:
         ro["entry.py"] = spec.script
@@ -287,9 +223,8 @@ def _execute(spec: ExecSpec, env: SandboxEnv, slot: Slot, fds: _Fds) -> ExecResu
         disable_userns=env.disable_userns, command=[entry],
     )  # fmt: skip
     child_side = [fd for fd, _ in ro_data + work_data] + [nonce_fd, info_w, *seccomp_fds]
-    child_side += [block_r] if block_r is not None else []
+    child_side += [started_w] + ([block_r] if block_r is not None else [])
     start = time.monotonic()
-    deadline = start + spec.limits.timeout_s
     oom_before = slot.cgroup.oom_kills() if slot.cgroup else 0
     try:
         proc = _spawn(argv, env, slot, (stdin, out, err), [ctl, *child_side])
@@ -297,7 +232,8 @@ def _execute(spec: ExecSpec, env: SandboxEnv, slot: Slot, fds: _Fds) -> ExecResu
         return ExecResult("sandbox_error", None, "", "", 0.0, error=f"spawn failed: {exc}")
     for fd in child_side:
         fds.close(fd)
-    timed_out, _, host_uid = _supervise(proc, slot, spec, deadline, info_r, block_w)
+    pipes = (info_r, started_r, block_w)
+    timed_out, _, host_uid = supervise(proc, slot.cgroup, spec.limits, start, pipes)
     wall = time.monotonic() - start
     size = min(os.fstat(ctl).st_size, _CONTROL_CAP)
     records = parse_frames(os.pread(ctl, size, 0), nonce)
@@ -318,53 +254,3 @@ def _execute(spec: ExecSpec, env: SandboxEnv, slot: Slot, fds: _Fds) -> ExecResu
         error,
         host_uid=host_uid,
     )
-
-
-def _supervise(
-    proc: subprocess.Popen[bytes],
-    slot: Slot,
-    spec: ExecSpec,
-    deadline: float,
-    info_r: int,
-    block_w: int | None,
-) -> tuple[bool, int | None, int | None]:
-    """Attach to the cgroup, release the sandbox, wait: (timed_out, pid 1, its host uid)."""
-    child_pid = _read_info(info_r, deadline)
-    host_uid = _host_uid(child_pid)
-    if slot.cgroup is not None and block_w is not None:
-        limits = spec.limits
-        pids = limits.nproc + 4
-        memory = (limits.memory_mb * 2 + limits.disk_mb + 16 + 64) << 20
-        try:
-            slot.cgroup.configure(pids, memory)
-            slot.cgroup.attach(proc.pid)
-            if child_pid is not None:
-                slot.cgroup.attach(child_pid)
-        except OSError:
-            pass  # the process already exited; the run reports what happened
-        with contextlib.suppress(OSError):
-            os.write(block_w, b"go")
-    if _wait_exit(proc, deadline):
-        return False, child_pid, host_uid
-    _kill(proc, child_pid)
-    return True, child_pid, host_uid
-
-
-def _wait_exit(proc: subprocess.Popen[bytes], deadline: float) -> bool:
-    """Wait for `proc` until `deadline` on a pidfd (Popen.wait(timeout) polls with sleeps)."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except OSError:  # already reaped, or a kernel without pidfd
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-    try:
-        ready, _, _ = select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))
-    finally:
-        os.close(pidfd)
-    if not ready:
-        return False
-    proc.wait()
-    return True

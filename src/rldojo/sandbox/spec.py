@@ -23,7 +23,14 @@ class Limits:
     """Resource limits of one sandboxed execution."""
 
     timeout_s: float = 10.0
-    """Wall-clock limit; the parent kills the whole sandbox (pid namespace) when it expires."""
+    """Wall-clock limit of the run, counted from the launcher's start record; the parent
+    kills the whole sandbox (pid namespace) when it expires (then the status is `timeout`)."""
+    startup_timeout_s: float = 30.0
+    """Bound on start-up: from the spawn to the start record (bubblewrap, namespaces, the
+    interpreter's own start). Separate from `timeout_s` so that an interpreter slow to
+    start on a loaded machine costs the program none of its time; start-up normally
+    takes well under a second, so only a machine in trouble reaches this. A sandbox that
+    does not start within it is a `sandbox_error` that names start-up (retried by the pool)."""
     memory_mb: int = 512
     """RLIMIT_AS of each sandboxed process, and the cgroup memory limit where available."""
     nproc: int = 32
