@@ -44,10 +44,14 @@ def distill(
     threads: Annotated[
         int | None, typer.Option(help="torch CPU threads (1 helps on a busy machine)")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Move a run already in --out aside (NAME.old-DATE)")
+    ] = False,
 ) -> None:
     """Distil a teacher into a student (forward or reverse KL, teacher or student sequences)."""
     from rldojo.commands.evaluation import set_threads
     from rldojo.commands.ui import console, fail, user_errors
+    from rldojo.store.run_dir import claim_run_dir  # its RunDirError is a ValueError
     from rldojo.train.distill import DistillConfig
     from rldojo.train.distill import distill as run_distill
 
@@ -57,6 +61,9 @@ def distill(
     o = dict(locals())
     errors: tuple[type[Exception], ...] = (*user_errors(), ValueError, json.JSONDecodeError)
     try:
+        moved = claim_run_dir(out, command="distill", overwrite=overwrite)  # RunDirError
+        if moved is not None:
+            console.print(f"--overwrite: the run that was in {out} is now in {moved}")
         names = [f.name for f in fields(DistillConfig) if f.name != "env_kwargs"]
         cfg = DistillConfig(**{k: o[k] for k in names}, env_kwargs=json.loads(env_kwargs))
 

@@ -30,20 +30,33 @@ def sft(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override, e.g. sft.epochs=3")
     ] = None,
-    run_dir: Annotated[Path | None, typer.Option(help="Run directory (default: per [run])")] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(help="Run directory (default: run.output_dir/run.name-sft, or a timestamp)"),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(help="Move a run already in the run directory aside (NAME.old-DATE)"),
+    ] = False,
 ) -> None:
-    """Fine-tune on demonstrations: loss on assistant tokens only, the RL tokenisation."""
+    """Fine-tune on demonstrations: loss on assistant tokens only, the RL tokenisation.
+
+    Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted."""
     from rldojo.commands.ui import console, fail, user_errors
     from rldojo.config import ConfigError, load_config
+    from rldojo.store.run_dir import RunDirError
     from rldojo.train.sft import run_sft
+    from rldojo.train.stops import RunStopped
 
     source = str(config) if config is not None else "defaults"
     try:
         cfg = load_config(config, set_ or [])
         if run_dir is None and cfg.run.name:
             run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-sft"
-        run_sft(cfg, data, run_dir=run_dir, console=console)
-    except ConfigError as exc:
+        run_sft(cfg, data, run_dir=run_dir, overwrite=overwrite, console=console)
+    except RunStopped as exc:
+        fail(str(exc), code=exc.exit_code)
+    except (ConfigError, RunDirError) as exc:
         fail(str(exc))
     except user_errors() as exc:  # a data error names its file; the others are the config's
         from rldojo.data.loading import DataError

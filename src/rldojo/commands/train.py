@@ -23,7 +23,21 @@ def train(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override, e.g. loss.rho=1.0")
     ] = None,
-    resume: Annotated[Path | None, typer.Option(help="Resume the run in this directory")] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Resume the run in this directory from its newest checkpoint"),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(help="Move a run already in the run directory aside (NAME.old-DATE)"),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="With --resume: resume although the config changes what the "
+            "ledger's rollouts mean (model, env, sampling, grader, groups)"
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -34,8 +48,13 @@ def train(
         bool, typer.Option("--allow-download", help="Let a hub model id be downloaded")
     ] = False,
 ) -> None:
-    """Train a policy with forking-token GRPO (default: SmolLM2-135M on arith-v1)."""
+    """Train a policy with forking-token GRPO (default: SmolLM2-135M on arith-v1).
+
+    Exit codes: 0 done, 2 bad input (nothing started), 1 the run failed (e.g. the failure
+    budget), 130 interrupted (resume with --resume RUN_DIR)."""
+    from rldojo.store.run_dir import RunDirError
     from rldojo.train.loop import run_training
+    from rldojo.train.stops import RunStopped
 
     if allow_download:
         os.environ["RLDOJO_ALLOW_DOWNLOAD"] = "1"
@@ -44,8 +63,8 @@ def train(
         if resume is not None:
             base = config or resume / "config.toml"
             source = str(base)
-            if not (resume / "config.toml").exists() and config is None:
-                fail(f"{resume}: not a run directory (no config.toml)")
+            if not (resume / "config.toml").exists():
+                fail(f"{resume}: not a run directory (no config.toml) to resume")
             cfg = load_config(base, set_ or [])
         else:
             cfg = load_config(config, set_ or [])
@@ -55,10 +74,12 @@ def train(
 
             describe(cfg, console)
         elif resume is not None:
-            run_training(cfg, run_dir=resume, resume=True, console=console)
+            run_training(cfg, run_dir=resume, resume=True, force=force, console=console)
         else:
-            run_training(cfg, console=console)
-    except ConfigError as exc:
+            run_training(cfg, overwrite=overwrite, console=console)
+    except RunStopped as exc:  # the failure budget, an interrupt: summary.json says which
+        fail(str(exc), code=exc.exit_code)
+    except (ConfigError, RunDirError) as exc:
         fail(str(exc))
     except user_errors() as exc:  # the config's values were wrong: say which file
         fail(f"{source}: {exc}")

@@ -18,9 +18,10 @@ __all__ = ["console", "fail", "user_errors"]
 console = Console()
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = 2) -> None:
+    """One error line, then exit `code` (2: bad input; see `rldojo.train.stops`)."""
     console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -25,6 +25,13 @@ class RunConfig(_Section):
     summarises as it would at `steps` (`summary.json`: `stopped` is "max_minutes", else
     "steps"). The step under way finishes, so a run overshoots by at most one step; the
     starting evaluation is not counted; a resumed run has the whole budget again."""
+    max_failure_rate: float = Field(0.5, gt=0.0, le=1.0)
+    """The failure budget (`rldojo.train.failures`): the run stops (exit 1, checkpoints
+    kept, `summary.json` `stopped` = "failures") when more than this share of the rollouts
+    of the last `failure_window` steps failed (an episode or a grade with a non-ok status),
+    or when every rollout of its first step failed. 1 turns it off."""
+    failure_window: int = Field(2, gt=0)
+    """Steps the failure budget counts over."""
     seed: int = 0
     """Seeds task order, sampling and initialisation: the same seed, the same run."""
     output_dir: str = "runs"

@@ -91,7 +91,8 @@ def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) ->
 
 def clear_sft_run(run: Path) -> None:
     """Remove what an earlier attempt of a supervised job wrote (it starts over)."""
-    for old in ("metrics.jsonl", "summary.json", VALIDATION):
+    for old in ("config.toml", "config_history.jsonl", "metrics.jsonl", "summary.json",
+                VALIDATION):
         (run / old).unlink(missing_ok=True)
     shutil.rmtree(run / "checkpoints", ignore_errors=True)
 

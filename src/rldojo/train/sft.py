@@ -36,9 +36,8 @@ import json
 import os
 import random
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,27 +46,36 @@ import torch
 from rich.console import Console
 
 from rldojo.config import TrainConfig, dump_config
-from rldojo.data.loading import DataError, read_rows, require_field
+from rldojo.data.loading import DataError
 from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.models import check_model, load_model
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
 from rldojo.report.metrics import MetricsLogger
-from rldojo.rollout.replay import conversation_rollout
 from rldojo.store.checkpoint import save_checkpoint
 from rldojo.store.files import write_atomically
+from rldojo.store.run_dir import claim_run_dir
 from rldojo.train.batch import (
     build_token_batch,
     completion_logits,
     selected_logits,
     splits_output_layer,
 )
+from rldojo.train.demo_data import (
+    Demo,
+    assistant_turn_tokens,
+    read_demos,
+    tokenize_demos,
+    turn_budget,
+)
 from rldojo.train.heldout import eval_record, heldout_eval, heldout_tasks, log_eval
+from rldojo.train.interrupts import Interrupts
 from rldojo.train.loop import new_run_dir
 from rldojo.train.preflight import build_mixture, pass_threshold
 from rldojo.train.resources import resolve_resources
+from rldojo.train.stops import RunInterrupted
 from rldojo.train.trainer import lr_lambda, seed_everything
 from rldojo.train.update import clipped_step, forward_context
-from rldojo.types import Message, Rollout
+from rldojo.types import Rollout
 
 __all__ = [
     "Demo",
@@ -78,114 +86,6 @@ __all__ = [
     "sft_step",
     "tokenize_demos",
 ]
-
-ROLES = frozenset({"system", "user", "assistant", "tool"})
-
-
-@dataclass(frozen=True)
-class Demo:
-    """One demonstration read from a file (`line` for error messages)."""
-
-    line: int
-    messages: list[Message]
-    tools: list[dict[str, Any]] | None
-    task_id: str
-    env: str
-
-
-@dataclass
-class DemoSet:
-    """Demonstrations ready to train on, and what was left out (reason -> count)."""
-
-    rollouts: list[Rollout]
-    skipped: Counter[str] = field(default_factory=Counter)
-
-
-def read_demos(path: str | os.PathLike[str], *, only_passed: bool = True) -> tuple[list[Demo], int]:
-    """The file's demonstrations (checked before any model loads) and how many lines were
-    left out as not passed. Raises `DataError` naming the file, line and field."""
-    demos: list[Demo] = []
-    not_passed = 0
-    if not Path(path).exists():
-        raise DataError(path, None, "file not found")
-    for line, row in read_rows(path):
-        messages = require_field(row, "messages", path, line, (list,))
-        for i, m in enumerate(messages):
-            where = f"field 'messages[{i}]'"
-            if not isinstance(m, dict):
-                raise DataError(path, line, f"{where}: expected object")
-            if m.get("role") not in ROLES:
-                raise DataError(path, line, f"{where}.role: expected one of {sorted(ROLES)}")
-            if not isinstance(m.get("content"), str):
-                raise DataError(path, line, f"{where}.content: expected str")
-        if not any(m["role"] == "assistant" for m in messages):
-            raise DataError(path, line, "field 'messages': no assistant turn to learn from")
-        if messages[0]["role"] == "assistant":
-            raise DataError(path, line, "field 'messages': starts with an assistant turn")
-        tools = row.get("tools")
-        if tools is not None and not (
-            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-        ):
-            raise DataError(path, line, "field 'tools': expected a list of objects or null")
-        if only_passed and row.get("passed") is False:
-            not_passed += 1
-            continue
-        clean = [{"role": m["role"], "content": m["content"]} for m in messages]
-        task_id = str(row.get("task_id") or f"line-{line}")
-        demos.append(Demo(line, clean, tools, task_id, str(row.get("env") or "demo")))  # type: ignore[arg-type]
-    return demos, not_passed
-
-
-def tokenize_demos(
-    demos: Sequence[Demo], tokenizer: Any, *, max_seq_len: int, path: str = "demos"
-) -> DemoSet:
-    """Each demonstration as the engine's `Rollout` (see the module docstring); longer
-    than `max_seq_len` tokens is left out and counted (`too_long`)."""
-    out = DemoSet([])
-    for demo in demos:
-        try:
-            rollout = conversation_rollout(
-                tokenizer, demo.messages, demo.tools, task_id=demo.task_id, env=demo.env
-            )
-        except ValueError as exc:
-            raise DataError(path, demo.line, f"field 'messages': {exc}") from None
-        if len(rollout.prompt_ids) + len(rollout.completion_ids) > max_seq_len:
-            out.skipped["too_long"] += 1
-            continue
-        out.rollouts.append(rollout)
-    return out
-
-
-def assistant_turn_tokens(rollout: Rollout) -> list[int]:
-    """Tokens in each assistant turn (each run of `policy_mask` ones: the content and its
-    end-of-turn token): what a sampler has to generate, within `max_new_tokens`, to
-    reproduce that turn."""
-    runs: list[int] = []
-    previous = False
-    for trained in rollout.policy_mask:
-        if trained and not previous:
-            runs.append(0)
-        if trained:
-            runs[-1] += 1
-        previous = bool(trained)
-    return runs
-
-
-def turn_budget(cfg: TrainConfig, rollouts: Sequence[Rollout]) -> dict[str, Any]:
-    """The longest assistant turn of the demonstrations, and how many demonstrations have
-    a turn longer than the config's generation budgets. RL and the evaluations sample
-    with those budgets: a turn that does not fit is cut there, so a policy cannot
-    reproduce it (and a shorter, wrong turn can out-earn the cut right one)."""
-    longest = [max(assistant_turn_tokens(r)) for r in rollouts]
-    limits = {
-        "sampling.max_new_tokens": cfg.sampling.max_new_tokens,
-        "eval.max_new_tokens": cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens,
-    }
-    return {
-        "longest_turn_tokens": max(longest),
-        "demos_over": {key: sum(n > limit for n in longest) for key, limit in limits.items()},
-        "limits": limits,
-    }
 
 
 def sft_schedule(
@@ -241,10 +141,14 @@ def run_sft(
     data: str | os.PathLike[str] | None = None,
     *,
     run_dir: Path | None = None,
+    overwrite: bool = False,
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `config.model` on the demonstrations; returns the summary (also written
-    to RUN/summary.json). Every input is checked before the run directory exists."""
+    to RUN/summary.json). Every input is checked before the run directory exists; a
+    directory that holds a run is refused (`RunDirError`) unless `overwrite` moves it
+    aside. A signal stops it after the step in flight (a checkpoint of the steps so far,
+    `stopped` = "interrupted", `RunInterrupted`)."""
     console = console or Console()
     started = time.perf_counter()
     cfg, precision, threads = resolve_resources(config)
@@ -260,6 +164,9 @@ def run_sft(
     check_training_model(cfg.model, None, cfg.run.cluster)
     seed_everything(cfg.run.seed, cfg.run.deterministic)
     run_dir = run_dir or new_run_dir(cfg)
+    moved = claim_run_dir(run_dir, command="sft", overwrite=overwrite)
+    if moved is not None:
+        console.print(f"--overwrite: the run that was in {run_dir} is now in {moved}")
     device = torch.device(precision.device)
     model, tokenizer = load_training_model(cfg.model, None, device, load_model)
     demo_set = tokenize_demos(demos, tokenizer, max_seq_len=s.max_seq_len, path=path)
@@ -288,6 +195,9 @@ def run_sft(
     logger = MetricsLogger(run_dir, report_to=cfg.run.report_to, config=cfg.model_dump(mode="json"))
     evals: dict[str, dict[str, Any]] = {}
     loop: asyncio.AbstractEventLoop | None = None
+    losses: list[float] = []
+    signals = ExitStack()  # the handlers, restored when the run ends however it ends
+    interrupts = signals.enter_context(Interrupts(lambda line: console.print(line, soft_wrap=True)))
     try:
         policy = make_policy(cfg, model, tokenizer, precision.torch_generation_dtype())
         threshold = pass_threshold(cfg, mixture) if mixture is not None else 1.0
@@ -303,51 +213,38 @@ def run_sft(
             return eval_record(result)
 
         if mixture is not None and s.eval_before and cfg.eval.before:
-            evals["before"] = heldout("before", 0)
+            with interrupts.immediate():
+                evals["before"] = heldout("before", 0)
         steps = sft_schedule(
             [len(r.prompt_ids) + len(r.completion_ids) for r in demo_set.rollouts],
             batch_size=s.batch_size, micro_batch_size=cfg.optim.micro_batch_size,
             epochs=s.epochs, seed=cfg.run.seed,
         )  # fmt: skip
-        params = trainable_parameters(model)
-        # fused, as rldojo train's: one kernel per parameter, no full-size temporaries.
-        optimizer = torch.optim.AdamW(params, lr=s.lr, betas=cfg.optim.betas,
-                                      weight_decay=cfg.optim.weight_decay, fused=True)  # fmt: skip
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda k: lr_lambda(k, s.warmup_steps, len(steps), cfg.optim.schedule)
+        optimizer, scheduler, skipped = _sft_steps(
+            cfg,
+            model,
+            tokenizer,
+            demo_set.rollouts,
+            steps,
+            device,
+            logger,
+            console,
+            interrupts,
+            losses,
         )
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        losses: list[float] = []
-        skipped = 0  # steps whose gradient was NaN or inf
-        autocast = partial(forward_context, cfg, model, device)
-        for k, micro_batches in enumerate(steps, start=1):
-            t0 = time.perf_counter()
-            loss, tokens = sft_step(model, demo_set.rollouts, micro_batches, pad_id=pad_id,
-                                    autocast=autocast)  # fmt: skip
-            lr = scheduler.get_last_lr()[0]
-            norm, stepped = clipped_step(optimizer, params, cfg.optim.grad_clip)
-            grad_norm = float(norm)
-            skipped += not stepped
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(loss)
-            metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": grad_norm,
-                       "sft/lr": lr, "sft/nonfinite_skipped": float(not stepped),
-                       "time/step": time.perf_counter() - t0}  # fmt: skip
-            logger.log(k, metrics, kind="sft")
-            console.print(f"sft step {k:>3}/{len(steps)} loss {loss:.4f} tokens {tokens} "
-                          f"lr {lr:.2e}", soft_wrap=True)  # fmt: skip
-            if not stepped:
-                console.print(f"warning: sft step {k}: gradient norm {grad_norm}, step "
-                              "skipped (weights unchanged)", soft_wrap=True)  # fmt: skip
+        done = len(losses)
         policy.update_weights(None)  # the sampler sees the trained weights
-        if mixture is not None:
-            evals["after"] = heldout("after", len(steps))
+        if mixture is not None and not interrupts.requested:
+            with interrupts.immediate():
+                evals["after"] = heldout("after", done)
         checkpoint = save_checkpoint(
             run_dir / "checkpoints", model=model, tokenizer=tokenizer, optimizer=optimizer,
-            scheduler=scheduler, step=len(steps), state={"sft": True, "evals": evals},
+            scheduler=scheduler, step=done, state={"sft": True, "evals": evals},
         )  # fmt: skip
+    except KeyboardInterrupt:  # during an evaluation, or a second signal: nothing saved
+        raise _sft_interrupted(run_dir, len(losses), None, aborted=interrupts.aborted) from None
     finally:
+        signals.close()
         logger.close()
         if loop is not None:
             loop.close()
@@ -358,9 +255,11 @@ def run_sft(
         "left_out": dict(demo_set.skipped),
         "assistant_tokens": sum(sum(r.policy_mask) for r in demo_set.rollouts),
         "turn_budget": budget,
-        "steps": len(steps),
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
+        "steps": done,
+        "steps_planned": len(steps),
+        "stopped": "interrupted" if interrupts.requested else "steps",
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
         "nonfinite_skipped": skipped,
         "accuracy_before": evals.get("before", {}).get("accuracy"),
         "accuracy_after": evals.get("after", {}).get("accuracy"),
@@ -370,9 +269,73 @@ def run_sft(
         "precision": precision.as_dict(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if interrupts.requested:
+        raise _sft_interrupted(run_dir, done, checkpoint)
     console.print(
         f"sft: loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(steps)} steps; checkpoint "
         f"{checkpoint}\nnext: rldojo train CONFIG --set model.name={checkpoint}",
         soft_wrap=True,
     )
     return summary
+
+
+def _sft_steps(
+    cfg: TrainConfig,
+    model: Any,
+    tokenizer: Any,
+    rollouts: Sequence[Rollout],
+    steps: list[list[list[int]]],
+    device: torch.device,
+    logger: MetricsLogger,
+    console: Console,
+    interrupts: Interrupts,
+    losses: list[float],
+) -> tuple[torch.optim.Optimizer, Any, int]:
+    """The optimizer steps of `sft_schedule`, stopped early after the step in flight when
+    a signal asks; each step's loss appended to `losses`. The optimizer, the scheduler and
+    the number of steps skipped for a non-finite gradient."""
+    s = cfg.sft
+    params = trainable_parameters(model)
+    # fused, as rldojo train's: one kernel per parameter, no full-size temporaries.
+    optimizer = torch.optim.AdamW(params, lr=s.lr, betas=cfg.optim.betas,
+                                  weight_decay=cfg.optim.weight_decay, fused=True)  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: lr_lambda(k, s.warmup_steps, len(steps), cfg.optim.schedule)
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    skipped = 0  # steps whose gradient was NaN or inf
+    autocast = partial(forward_context, cfg, model, device)
+    for k, micro_batches in enumerate(steps, start=1):
+        if interrupts.requested:
+            break
+        t0 = time.perf_counter()
+        loss, tokens = sft_step(model, rollouts, micro_batches, pad_id=pad_id,
+                                autocast=autocast)  # fmt: skip
+        lr = scheduler.get_last_lr()[0]
+        norm, stepped = clipped_step(optimizer, params, cfg.optim.grad_clip)
+        grad_norm = float(norm)
+        skipped += not stepped
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss)
+        metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": grad_norm,
+                   "sft/lr": lr, "sft/nonfinite_skipped": float(not stepped),
+                   "time/step": time.perf_counter() - t0}  # fmt: skip
+        logger.log(k, metrics, kind="sft")
+        console.print(f"sft step {k:>3}/{len(steps)} loss {loss:.4f} tokens {tokens} "
+                      f"lr {lr:.2e}", soft_wrap=True)  # fmt: skip
+        if not stepped:
+            console.print(f"warning: sft step {k}: gradient norm {grad_norm}, step "
+                          "skipped (weights unchanged)", soft_wrap=True)  # fmt: skip
+    return optimizer, scheduler, skipped
+
+
+def _sft_interrupted(run_dir: Path, step: int, checkpoint: Path | None, *,
+                     aborted: bool = False) -> RunInterrupted:  # fmt: skip
+    saved = "nothing saved" if checkpoint is None else (
+        f"checkpoint {checkpoint.name} (rldojo train can start from it)")  # fmt: skip
+    return RunInterrupted(
+        f"{'aborted' if aborted else 'interrupted'} at sft step {step}; {saved}; sft does not "
+        f"resume: to start over, run it again with --overwrite ({run_dir} moves aside)",
+        step=step, checkpoint=None if checkpoint is None else checkpoint.name,
+    )  # fmt: skip

@@ -51,6 +51,7 @@ from rldojo.store.files import write_atomically
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
+from rldojo.train.failures import FailureBudget
 from rldojo.train.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.train.preflight import build_mixture, env_entries, pass_threshold
 from rldojo.train.resources import resolve_resources
@@ -60,6 +61,7 @@ from rldojo.train.step_metrics import (
     mask_threshold,
     rollout_metrics,
 )
+from rldojo.train.stops import FailureBudgetExceeded
 from rldojo.train.update import PolicyUpdate, release_freed_memory, token_advantages
 from rldojo.types import SamplingParams, Task
 
@@ -168,6 +170,8 @@ class Trainer:
             self.policy.version = self.policy_updates
         self.ledger = Ledger(run_dir / "ledger.sqlite")
         self._selection: dict[int, tuple[float, list[int]]] = {}  # of the last train_on
+        self.failures = FailureBudget(cfg.run.max_failure_rate, cfg.run.failure_window)
+        self.over_budget: FailureBudgetExceeded | None = None  # the loop raises it
         if resume:
             self.ledger.rollback(self.step_num)  # training after the checkpoint was lost
         if self.ray_pool is not None:
@@ -201,6 +205,7 @@ class Trainer:
         else:
             metrics["train/skipped"] = 1  # no signal in any group: no update this step
         self.step_num += 1
+        self.over_budget = self.failures.observe(self.step_num, all_rollouts, all_scores)
         with warnings.catch_warnings():  # a skipped update still advances the LR schedule
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
