@@ -60,7 +60,18 @@ class SometimesEnv(_Env):
     fails = staticmethod(lambda rollout: rollout.sample_index % 4 == 0)
 
 
-for _cls in (AlwaysEnv, MostlyEnv, SometimesEnv):
+class AnsweredEnv(_Env):
+    """Tasks with reference answers, a grader that raises on everything: the preflight
+    grades the answers and stops before anything is generated."""
+
+    env_id = "fail-answered-v1"
+
+    def tasks(self, split="train", *, seed=0, n=None):
+        return [Task(id=f"a/{split}/{i}", prompt=f"What is {i} + 1?", answer=str(i + 1),
+                     env=self.env_id) for i in range(12)]  # fmt: skip
+
+
+for _cls in (AlwaysEnv, MostlyEnv, SometimesEnv, AnsweredEnv):
     register(_cls.env_id, _cls, overwrite=True)
 
 TINY = ["model.name=tiny-random", "model.autocast_bf16=false", "eval.tasks=0",
@@ -89,6 +100,28 @@ def test_a_grader_raising_on_every_sample_stops_after_the_first_step(tmp_path):
     assert summary["stopped"] == "failures" and summary["steps"] == 1
     assert summary["statuses"] == {"ok/error": 8}
     assert not (tmp_path / "r" / "checkpoints").exists()  # nothing trained to keep
+
+
+def test_the_grader_preflight_stops_on_reference_answers_before_generating(tmp_path):
+    result = _train(tmp_path, "fail-answered-v1")
+    assert result.exit_code == 1, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert "grader preflight: grader error in 8/8 reference answers" in line
+    assert "ZeroDivisionError" in line
+    summary = _summary(tmp_path)
+    assert summary["stopped"] == "failures" and summary["steps"] == 0
+    assert summary["rollouts"] == 0  # nothing was generated
+
+
+def test_answers_the_grader_can_score_pass_the_preflight(tmp_path):
+    """Reference answers scored 0 are not failures: only grades that could not be made."""
+    AnsweredEnv.fails = staticmethod(lambda rollout: bool(rollout.completion_ids))
+    try:  # the preflight's rollouts carry no tokens: scored; the policy's all raise
+        result = _train(tmp_path, "fail-answered-v1")
+    finally:
+        AnsweredEnv.fails = _Env.fails
+    assert result.exit_code == 1, result.output
+    assert "grader error in 8/8 samples of step 1" in result.output  # the first-step rule
 
 
 def test_mostly_failing_samples_stop_the_run_when_the_window_is_full(tmp_path):

@@ -10,6 +10,12 @@ that is right for the odd crash, but a run where most samples fail is not learni
 - every rollout of the run's first observed step failed (the preflight: a grader that
   errors on everything stops the run after one step, not after a window).
 
+Before step 1, `reference_preflight` grades up to 8 reference answers of single-turn
+tasks that have one (`Task.answer`, as the assistant's reply to the task's prompt) and
+returns the stop when every one of them fails to grade: a broken grader or an
+unreachable judge stops the run before any generation. A reference answer the grader
+scores low is not a failure; only a grade that could not be made is.
+
 A failure is an episode whose status is not `ok`/`truncated` (`env_error`,
 `policy_error`, `timeout`), or a grade whose status is not `ok` (`error`, `timeout`,
 `invalid`). A truncated episode that was graded is not a failure. `run.max_failure_rate
@@ -18,14 +24,19 @@ A failure is an episode whose status is not `ok`/`truncated` (`env_error`,
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from rldojo.envs.base import SingleTurnEnv
+from rldojo.rollout.engine import grade_rollouts
+from rldojo.rollout.mixture import EnvMixture
 from rldojo.train.stops import FailureBudgetExceeded
-from rldojo.types import Rollout, Score
+from rldojo.types import Rollout, Score, Task
 
-__all__ = ["FailureBudget", "failure_kind"]
+__all__ = ["FailureBudget", "failure_kind", "reference_preflight"]
 
 
 def failure_kind(rollout: Rollout, score: Score) -> str | None:
@@ -98,6 +109,43 @@ class FailureBudget:
         message = f"{counted}: {first[worst]} ({why})"
         return FailureBudgetExceeded(message, counts=dict(kinds), total=total, steps=(a, b),
                                      first_error=first[worst])  # fmt: skip
+
+
+def reference_preflight(
+    envs: EnvMixture,
+    grader: Any,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    timeout_s: float,
+    n: int = 8,
+) -> FailureBudgetExceeded | None:
+    """Grade up to `n` reference answers (module docstring); the stop when every grade
+    failed, else None (also when no environment has single-turn tasks with answers)."""
+    samples: list[tuple[Rollout, Task]] = []
+    for slot in envs.slots.values():
+        env = slot.make()
+        if not isinstance(env, SingleTurnEnv):  # an agentic episode cannot be faked
+            continue
+        for task in slot.train_tasks:
+            if task.answer is not None and len(samples) < n:
+                reply = {"role": "assistant", "content": str(task.answer)}
+                rollout = Rollout(task_id=task.id, env=task.env, completion=str(task.answer),
+                                  messages=[*env.prompt_messages(task), reply])  # fmt: skip
+                samples.append((rollout, task))
+    if not samples:
+        return None
+    rollouts, tasks = [r for r, _ in samples], [t for _, t in samples]
+    scores = loop.run_until_complete(grade_rollouts(grader, rollouts, tasks, timeout_s=timeout_s))
+    if any(score.ok for score in scores):
+        return None
+    kinds = Counter(f"grader {score.status}" for score in scores)
+    worst, count = kinds.most_common(1)[0]
+    first = next(_one_line(s.explanation) for s in scores if f"grader {s.status}" == worst)
+    return FailureBudgetExceeded(
+        f"grader preflight: {worst} in {count}/{len(scores)} reference answers: {first} "
+        "(nothing generated yet)",
+        counts=dict(kinds), total=len(scores), first_error=first,
+    )  # fmt: skip
 
 
 def _one_line(text: str, limit: int = 300) -> str:

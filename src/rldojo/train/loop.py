@@ -183,6 +183,10 @@ def _run(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, console: 
          interrupts: Interrupts) -> str:  # fmt: skip
     """Evaluate before, train, evaluate after; which stopped the steps."""
     start = trainer.step_num
+    if start == 0 and config.run.max_failure_rate < 1.0:
+        stop = trainer.grader_preflight()
+        if stop is not None:
+            raise stop
     if config.eval.tasks and config.eval.before and "before" not in trainer.evals:
         with interrupts.immediate():
             result = trainer.evaluate("before")

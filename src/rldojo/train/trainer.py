@@ -51,7 +51,7 @@ from rldojo.store.files import write_atomically
 from rldojo.store.ledger import Ledger
 from rldojo.train import losses
 from rldojo.train.batch import build_token_batch
-from rldojo.train.failures import FailureBudget
+from rldojo.train.failures import FailureBudget, reference_preflight
 from rldojo.train.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.train.preflight import build_mixture, env_entries, pass_threshold
 from rldojo.train.resources import resolve_resources
@@ -307,6 +307,11 @@ class Trainer:
             pass_threshold=self.pass_threshold if c.pass_threshold is None else c.pass_threshold,
         )  # fmt: skip
         return Curriculum(tasks, knobs)
+
+    def grader_preflight(self) -> FailureBudgetExceeded | None:
+        """The stop when the grader fails on every reference answer (`train.failures`)."""
+        return reference_preflight(self.envs, self.grader, self._loop,
+                                   timeout_s=self.config.rollout.grade_timeout_s)  # fmt: skip
 
     def evaluate(self, label: str) -> EvalResult:
         """Greedy accuracy on the held-out tasks; stored under `label` in the run state."""
