@@ -22,4 +22,5 @@ COMMAND_MODULES = (
     "rldojo.commands.service",
     "rldojo.commands.sft",
     "rldojo.commands.demos",
+    "rldojo.commands.config_doc",
 )
