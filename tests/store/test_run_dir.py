@@ -69,8 +69,9 @@ def test_resume_refuses_a_changed_sampling_key_and_allows_more_steps(tmp_path):
     history = [json.loads(x) for x in (run / "config_history.jsonl").read_text().splitlines()]
     assert [h["event"] for h in history] == ["start", "resume"]
     assert history[1]["changed"] == {"run.steps": [1, 2]}
-    forced = CliRunner().invoke(app, ["train", "--resume", str(run), "--force", "--set",
-                                      "run.steps=3", "--set", "sampling.temperature=0.5"])  # fmt: skip
+    args = ["--resume", str(run), "--force", "--set", "run.steps=3",
+            "--set", "sampling.temperature=0.5"]  # fmt: skip
+    forced = CliRunner().invoke(app, ["train", *args])
     assert forced.exit_code == 0, forced.output
     last = json.loads((run / "config_history.jsonl").read_text().splitlines()[-1])
     assert last["changed"] == {"run.steps": [2, 3], "sampling.temperature": [0.7, 0.5]}

@@ -182,6 +182,8 @@ class ArithEnv(SingleTurnEnv):
     """
 
     env_id = ENV_ID
+    expected_answer = "a line 'Answer: <number>'"
+    """What the grader extracts an answer from (`rldojo.train.signal` names it)."""
 
     def __init__(
         self,

@@ -187,6 +187,8 @@ class MathEnv(SingleTurnEnv):
     """
 
     env_id = ENV_ID
+    expected_answer = "a line 'Answer: <answer>'"
+    """What the grader extracts an answer from (`rldojo.train.signal` names it)."""
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ from typing import Any
 
 from rldojo.data.loading import DataError, read_rows, require_any_field
 from rldojo.envs.base import SingleTurnEnv
-from rldojo.envs.multiple_choice import MCFormat, MCItem, mc_reward, mc_task
+from rldojo.envs.multiple_choice import LABEL_SCHEMES, MCFormat, MCItem, mc_reward, mc_task
 from rldojo.envs.registry import register
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader
 from rldojo.types import Task
@@ -138,6 +138,11 @@ class MCQEnv(SingleTurnEnv):
         self.items = load_items(path) if path is not None else None
         self.system_prompt = system_prompt
         self.format_penalty = format_penalty
+
+    @property
+    def expected_answer(self) -> str:
+        """What the grader extracts an answer from (`rldojo.train.signal` names it)."""
+        return f"a line 'Answer: <{LABEL_SCHEMES[self.format.labels][2]}>'"
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
         if split not in DEFAULT_N:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader
-from rldojo.graders.rules import FormatGrader, extract_answer, normalize_answer
+from rldojo.graders.rules import NO_ANSWER_FLAG, FormatGrader, extract_answer, normalize_answer
 from rldojo.types import Rollout, Score, Task
 
 __all__ = [
@@ -197,7 +197,8 @@ class MultipleChoiceGrader:
     """1.0 when the chosen option is the correct one (by content), else 0.0.
 
     Reads the labels and option order from the task (`mc_task`), so it grades any
-    relabelled or reordered rendering. A task without them is `invalid`.
+    relabelled or reordered rendering. A task without them is `invalid`. A completion with
+    no ``Answer:`` value at all is flagged `no_answer` (`rldojo.graders.rules`).
     """
 
     name = "multiple_choice"
@@ -214,9 +215,11 @@ class MultipleChoiceGrader:
         choice = parse_choice(rollout.completion, info["labels"], shown)
         value = 1.0 if choice == info["correct_shown"] else 0.0
         chosen = "none" if choice is None else info["labels"][choice]
+        found = choice is not None or extract_answer(rollout.completion) is not None
         return Score(
             value,
             components={"correct": value},
+            flags=() if found else (NO_ANSWER_FLAG,),
             explanation=f"chose {chosen}, correct {info['labels'][info['correct_shown']]}",
             provenance=prov,
         )

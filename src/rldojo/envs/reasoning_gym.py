@@ -10,8 +10,9 @@ different draws (for datasets with a small space of questions they may still ove
 
 The policy answers in ``<answer>...</answer>`` (an ``Answer: ...`` line is accepted);
 the reward is the dataset's own ``score_answer(answer, entry)`` in [0, 1], minus
-`format_penalty` when no answer could be found. A scorer that raises is a failed
-score (``error``), never a 0; one that runs past `timeout_s` is ``timeout``.
+`format_penalty` when no answer could be found (flagged `no_answer`). A scorer that
+raises is a failed score (``error``), never a 0; one that runs past `timeout_s` is
+``timeout``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
-from rldojo.graders.rules import extract_answer
+from rldojo.graders.rules import NO_ANSWER_FLAG, extract_answer
 from rldojo.types import Rollout, Score, Task
 
 __all__ = ["OptionalDependencyError", "ReasoningGymEnv", "ReasoningGymGrader"]
@@ -93,6 +94,7 @@ class ReasoningGymGrader:
             return Score(
                 -self.format_penalty,
                 components={"correct": 0.0, "format": 0.0},
+                flags=(NO_ANSWER_FLAG,),
                 explanation="no answer found",
                 provenance=prov,
             )
@@ -129,6 +131,8 @@ class ReasoningGymEnv(SingleTurnEnv):
     """
 
     env_id = ENV_ID
+    expected_answer = "<answer>…</answer>"
+    """What the grader extracts an answer from (`rldojo.train.signal` names it)."""
 
     def __init__(
         self,

@@ -16,7 +16,9 @@ alone carries the penalty; `extract_answer` tries, last occurrence first:
 3. the content of the last ``\\boxed{...}``.
 
 The value is cleaned: surrounding ``$``/``\\(...\\)``, markdown ``**``, and trailing
-punctuation are removed. No extractable answer is a valid score of 0, not a failure.
+punctuation are removed. No extractable answer is a valid score of 0, not a failure; the
+graders that extract an answer flag it (`NO_ANSWER_FLAG`), so a run can count how many
+completions never reached an answer (`signal/no_answer`, `rldojo.train.step_metrics`).
 
 `MathVerifyGrader` compares with math-verify (symbolic and numeric equivalence, LaTeX,
 fractions). math-verify can hang on adversarial input and its own SIGALRM timeouts do
@@ -47,6 +49,7 @@ from rldojo.types import Rollout, Score, ScoreStatus, Task
 
 __all__ = [
     "ANSWER_PREFIX",
+    "NO_ANSWER_FLAG",
     "ExactMatchGrader",
     "FormatGrader",
     "MathVerifyGrader",
@@ -62,6 +65,8 @@ __all__ = [
 
 ANSWER_PREFIX = "Answer:"
 """The required final line is ``f"{ANSWER_PREFIX} <value>"``; envs and graders share it."""
+NO_ANSWER_FLAG = "no_answer"
+"""`Score.flags` entry of a completion in which no answer could be extracted."""
 
 _STRICT_LINE = re.compile(r"^[ \t]*Answer:[ \t]*(\S.*?)[ \t]*$", re.MULTILINE)
 _LOOSE_LINE = re.compile(
@@ -185,7 +190,11 @@ class ExactMatchGrader:
         answer = extract_answer(rollout.completion)
         if answer is None:
             return Score(
-                0.0, components={"correct": 0.0}, explanation="no answer found", provenance=prov
+                0.0,
+                components={"correct": 0.0},
+                flags=(NO_ANSWER_FLAG,),
+                explanation="no answer found",
+                provenance=prov,
             )
         correct = normalize_answer(answer) == normalize_answer(task.answer)
         value = 1.0 if correct else 0.0
@@ -302,8 +311,9 @@ class MathVerifyGrader:
         compare: the function run in the worker, ``compare(reference, answer) -> bool``;
             a picklable top-level function (a seam for tests and custom checkers).
 
-    Statuses: no answer found -> ok, 0.0; reference missing or unparseable -> `invalid`;
-    worker timeout -> `timeout`; worker crash or other exception -> `error`.
+    Statuses: no answer found -> ok, 0.0 (flagged `no_answer`); reference missing or
+    unparseable -> `invalid`; worker timeout -> `timeout`; worker crash or other
+    exception -> `error`.
     """
 
     name = "math_verify"
@@ -337,7 +347,11 @@ class MathVerifyGrader:
         answer = extract_answer(rollout.completion)
         if answer is None:
             return Score(
-                0.0, components={"correct": 0.0}, explanation="no answer found", provenance=prov
+                0.0,
+                components={"correct": 0.0},
+                flags=(NO_ANSWER_FLAG,),
+                explanation="no answer found",
+                provenance=prov,
             )
         ours, ref = _as_decimal(answer), _as_decimal(task.answer)
         if ours is not None and ref is not None:

@@ -46,6 +46,7 @@ from rldojo.store.files import write_atomically
 from rldojo.store.run_dir import RunDirError, claim_run_dir, record_config_change, resume_changes
 from rldojo.train.heldout import log_eval, save_eval_rows
 from rldojo.train.interrupts import Interrupts
+from rldojo.train.signal import signal_watch
 from rldojo.train.stops import FailureBudgetExceeded, RunInterrupted
 from rldojo.train.trainer import Trainer
 
@@ -246,6 +247,7 @@ def _train_steps(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, c
         bar = progress.add_task("training", total=config.run.steps, completed=trainer.step_num)
         budget = None if config.run.max_minutes is None else 60 * config.run.max_minutes
         started = time.perf_counter()
+        watch = signal_watch(config, trainer.envs)  # says why a step had no signal
         while trainer.step_num < config.run.steps:
             metrics = trainer.step()
             logger.log(trainer.step_num, metrics)
@@ -253,6 +255,8 @@ def _train_steps(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, c
             progress.console.print(
                 _step_line(trainer.step_num, metrics, trainer.pass_threshold), soft_wrap=True
             )
+            if (why := watch.observe(trainer.step_num, metrics)) is not None:
+                progress.console.print(why, soft_wrap=True, markup=False)
             if trainer.over_budget is not None:
                 raise trainer.over_budget
             if interrupts.requested is not None:

@@ -1,4 +1,9 @@
-"""The metrics logged for one step's rollouts and groups (`rldojo.rollout.groups`)."""
+"""The metrics logged for one step's rollouts and groups (`rldojo.rollout.groups`).
+
+Besides reward, lengths and statuses, `signal/` holds what explains a step without
+learning signal (`rldojo.train.signal` reads it): how many completions were cut at the
+token limit and how many had no answer the grader could extract.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from torch import Tensor
 
 from rldojo.config import RolloutConfig
 from rldojo.eval.harness import passed
+from rldojo.graders.rules import NO_ANSWER_FLAG
 from rldojo.rollout.groups import Group
 from rldojo.types import Rollout, Score
 
@@ -53,7 +59,7 @@ def rollout_metrics(
         out[f"reward/{env}/mean"] = sum(float(s.value or 0.0) for s in env_scores) / len(env_scores)
         passes = sum(passed(s, pass_threshold) for s in env_scores)
         out[f"reward/{env}/pass_rate"] = passes / len(env_scores)
-    out |= info_metrics(rollouts)
+    out |= info_metrics(rollouts) | signal_metrics(rollouts, scores)
     components: dict[str, list[float]] = {}
     for s in ok:
         for name, value in s.components.items():
@@ -61,6 +67,22 @@ def rollout_metrics(
     for name, vals in components.items():
         out[f"reward/component/{name}"] = sum(vals) / len(vals)
     return out
+
+
+def signal_metrics(rollouts: Sequence[Rollout], scores: Sequence[Score]) -> dict[str, float]:
+    """`signal/truncated`: the share of rollouts in which a policy turn stopped at
+    `sampling.max_new_tokens` (finish reason `length`, which the rollout engine counts in
+    `info["truncated_turns"]`). `signal/no_answer`: the share of graded rollouts whose
+    grader found no answer to extract (`Score.flags` holds `NO_ANSWER_FLAG`); always 0
+    for graders that extract none (code tests, games). A failed grade is left out of that
+    share: it says nothing about the answer."""
+    cut = sum(bool(r.info.get("truncated_turns")) for r in rollouts)
+    graded = [s for s in scores if s.ok]
+    missing = sum(NO_ANSWER_FLAG in s.flags for s in graded)
+    return {
+        "signal/truncated": cut / max(len(rollouts), 1),
+        "signal/no_answer": missing / max(len(graded), 1),
+    }
 
 
 _INFO_PREFIXES = ("tool/", "format/", "episode/", "game/", "crm/", "repair")
