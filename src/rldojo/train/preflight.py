@@ -3,9 +3,15 @@
 Nothing is written and no run directory is created. The same checks run at the start of
 every real run (`Trainer.__init__`), before its run directory exists: environment ids and
 kwargs (against the factory's signature), data files, the grader spec, the model name
-(offline unless downloads are allowed). The dry run then loads the model (to count its
-parameters and tokenise one prompt) and prints an estimate of the run's time from the
-cached matmul probe (`rldojo.hardware.precision`).
+(offline unless downloads are allowed). The dry run then loads the model as the run
+trains it (to count its parameters and tokenise one prompt), warns when an environment's
+prompt asks for reasoning but `sampling.max_new_tokens` is below `REASONING_MIN_TOKENS`
+(`reasoning_warnings`), and prints an estimate of the run's time.
+
+The estimate is calibrated on this machine with the run's own model and sampler
+(`rldojo.train.estimate`: a few seconds of real generation and one real micro-batch
+update). Where that cannot run (a vLLM backend) it falls back to the cached matmul probe
+(`rldojo.hardware.precision`), priced as below.
 
 The estimate is an upper bound in the sense that every sample is assumed to use all of
 `sampling.max_new_tokens`; real completions are usually shorter. A multi-turn environment
@@ -14,18 +20,20 @@ limits.max_turns)`: each turn decodes `max_new_tokens`, the environment's reply 
 as long as a model turn, the engine re-encodes the whole conversation before each turn,
 and training sees every turn; the plan also shows the one-turn price, the lower end (an
 episode that ends after its first move). Its two efficiency
-factors (how much of the probe's GFLOP/s decoding and training reach) were measured on
-SmolLM2-135M on 2-core EPYC machines of both CPU kinds (issue 11): about 0.4 for the
-batched decode loop and 0.7 for the training forward/backward.
+factors of the probe fallback (how much of the probe's GFLOP/s decoding and training
+reach) were measured on SmolLM2-135M on 2-core EPYC machines of both CPU kinds: about 0.4
+for the batched decode loop and 0.7 for the training forward/backward.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from rldojo.config import TrainConfig, dump_config
+from rldojo.train.estimate import Calibration, StepCost
 from rldojo.train.heldout import heldout_tasks
 
 DECODE_EFFICIENCY = 0.4
@@ -50,6 +58,7 @@ class Plan:
     eval_s: float  # an evaluation, likewise
     one_turn_step_s: float  # a step if every episode ended after its first turn
     one_turn_eval_s: float
+    basis: str = ""  # what the estimate was priced from; "": the matmul probe
 
     @property
     def one_turn_total_s(self) -> float:
@@ -73,7 +82,8 @@ class Plan:
             + short,
             f"model: {self.parameters / 1e6:.1f}M parameters; a prompt is ~{self.prompt_tokens}"
             " tokens",
-            f"estimate (matmul probe {self.gflops:.0f} GFLOP/s, every sample at max_new_tokens"
+            f"estimate ({self.basis or f'matmul probe {self.gflops:.0f} GFLOP/s'}, "
+            "every sample at max_new_tokens"
             + (
                 f"; episodes of one to {self.turns} turns): "
                 f"~{self.one_turn_step_s:.0f}-{self.step_s:.0f} s a step, "
@@ -190,13 +200,10 @@ def _episode_cost(params: int, n: int, new: int, prompt: int, turns: int, rate: 
     return first + later
 
 
-def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gflops: float) -> Plan:
-    """The run's size and a time estimate (see the module docstring)."""
+def _probe_prices(config: TrainConfig, params: int, prompt: int, gflops: float) -> tuple[Any, Any]:
+    """`(step_s(turns), eval_s(tasks, new, turns))` priced from the matmul probe."""
     ro, n_new = config.rollout, config.sampling.max_new_tokens
-    params = sum(p.numel() for p in model.parameters())
-    prompt, turns = _prompt_and_turns(mixture, tokenizer, ro.max_turns)
     samples = ro.prompts_per_step * ro.group_size
-    rounds = 1 + (ro.max_extra_rounds if ro.dynamic_sampling else 0)
     rate = max(gflops, 1e-3) * 1e9
 
     def step_s(t: int) -> float:
@@ -206,7 +213,33 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
         trained = (2 * t - 1) * n_new + prompt / ro.group_size  # completion + shared prompt
         return generate + 6 * params * samples * trained / (rate * TRAIN_EFFICIENCY)
 
-    eval_new = config.eval.max_new_tokens or n_new
+    def eval_s(tasks: int, new: int, t: int) -> float:
+        return _episode_cost(params, tasks, new, prompt, t, rate)
+
+    return step_s, eval_s
+
+
+def make_plan(
+    config: TrainConfig,
+    mixture: Any,
+    model: Any,
+    tokenizer: Any,
+    gflops: float,
+    calibration: Calibration | None = None,
+) -> Plan:
+    """The run's size and a time estimate: from `calibration` when given, else from the
+    matmul probe's `gflops` (see the module docstring)."""
+    ro = config.rollout
+    params = sum(p.numel() for p in model.parameters())
+    prompt, turns = _prompt_and_turns(mixture, tokenizer, ro.max_turns)
+    samples = ro.prompts_per_step * ro.group_size
+    rounds = 1 + (ro.max_extra_rounds if ro.dynamic_sampling else 0)
+    if calibration is not None:
+        cost = StepCost(calibration, config, prompt)
+        step_s, eval_s = cost.step_s, cost.generate_s
+    else:
+        step_s, eval_s = _probe_prices(config, params, prompt, gflops)
+    eval_new = config.eval.max_new_tokens or config.sampling.max_new_tokens
     eval_tasks = len(mixture.test_tasks) if config.eval.tasks else 0
     evaluations = before_tasks = 0
     if eval_tasks:
@@ -227,28 +260,71 @@ def make_plan(config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, gfl
         gflops=gflops,
         turns=turns,
         step_s=step_s(turns),
-        eval_s=_episode_cost(params, eval_tasks, eval_new, prompt, turns, rate),
+        eval_s=eval_s(eval_tasks, eval_new, turns),
         one_turn_step_s=step_s(1),
-        one_turn_eval_s=_episode_cost(params, eval_tasks, eval_new, prompt, 1, rate),
+        one_turn_eval_s=eval_s(eval_tasks, eval_new, 1),
+        basis="" if calibration is None else calibration.describe(),
     )
 
 
+REASONING_MIN_TOKENS = 128
+"""A prompt that asks for reasoning with `sampling.max_new_tokens` below this gets a
+warning: a small model's chain of thought rarely reaches its answer in fewer tokens."""
+_REASONING = re.compile(
+    r"step[- ]by[- ]step|\bthink\b|\breason(?:ing)?\b|<think>|chain[- ]of[- ]thought"
+    r"|show your work|\bexplain\b",
+    re.IGNORECASE,
+)
+
+
+def reasoning_warnings(config: TrainConfig, mixture: Any) -> list[str]:
+    """One line per environment whose first training prompt (every message of its opening
+    conversation) asks for reasoning ("step by step", "think", "reason", "<think>", "show
+    your work", "explain", ...) while `sampling.max_new_tokens < REASONING_MIN_TOKENS`."""
+    new = config.sampling.max_new_tokens
+    if new >= REASONING_MIN_TOKENS:
+        return []
+    out = []
+    for env_id, slot in mixture.slots.items():
+        if not slot.train_tasks:
+            continue
+        task = slot.train_tasks[0]
+        observation = asyncio.run(mixture.make_env_for(task).reset(task, seed=0))
+        found = _REASONING.search("\n".join(str(m.get("content") or "")
+                                             for m in observation.messages))  # fmt: skip
+        if found:
+            out.append(
+                f"warning: env {env_id}: the prompt asks for reasoning ({found.group(0)!r}) but "
+                f"sampling.max_new_tokens = {new} (< {REASONING_MIN_TOKENS}): most completions "
+                "will be cut before their answer; raise it"
+            )
+    return out
+
+
 def dry_run(config: TrainConfig, console: Any) -> Plan:
-    """Validate, resolve and describe the run without writing anything."""
+    """Validate, resolve and describe the run without writing anything: the resolved
+    config, the plan with its calibrated time estimate, and any warnings."""
+    import torch
+
     from rldojo.hardware.precision import cached_probe
     from rldojo.policy.models import load_model
+    from rldojo.policy.training_model import load_training_model
+    from rldojo.train.estimate import calibrate
     from rldojo.train.resources import resolve_resources
 
     resolved, precision, threads = resolve_resources(config)
     mixture = check_inputs(resolved)
-    model, tokenizer = load_model(resolved.model.name)
+    device = torch.device(precision.device)
+    model, tokenizer = load_training_model(resolved.model, None, device, load_model)
     probe = precision.probe or cached_probe()
     gflops = probe.bf16 if precision.generation_dtype == "bfloat16" else probe.fp32
-    plan = make_plan(resolved, mixture, model, tokenizer, gflops)
+    dtype = precision.torch_generation_dtype()
+    calibration = calibrate(resolved, mixture, model, tokenizer, dtype)
+    plan = make_plan(resolved, mixture, model, tokenizer, gflops, calibration)
     console.print(dump_config(resolved), markup=False, highlight=False)
     console.print(f"precision: {precision.generation_dtype} ({precision.reason})", soft_wrap=True)
     console.print(f"threads: {threads.describe()}", soft_wrap=True)
-    for line in plan.lines():
-        console.print(line, soft_wrap=True)
+    for line in [*plan.lines(), *reasoning_warnings(resolved, mixture)]:
+        console.print(line, soft_wrap=True, markup=False)
     console.print("dry run: nothing was written", soft_wrap=True)
     return plan
