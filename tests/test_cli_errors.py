@@ -1,17 +1,22 @@
-"""A new user's mistakes: each is one line naming the file/key/field, a non-zero exit,
-found before a run directory exists or a model loads, and nothing touches the network."""
+"""A new user's mistakes: each is one line on stderr naming the file/key/field, a
+non-zero exit, found before a run directory exists or a model loads, and nothing touches
+the network. Exit codes: 2 bad input or usage, 1 the work failed, 130 interrupted."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from rldojo import cli
 from rldojo.cli import app
+from rldojo.config import ConfigValueError
+from rldojo.train.stops import FailureBudgetExceeded, RunInterrupted
 
 runner = CliRunner()
 
@@ -20,13 +25,18 @@ TINY = ["--set", "model.name=tiny-random", "--set", "rollout.prompts_per_step=2"
         "--set", "eval.tasks=2", "--set", "run.steps=1"]  # fmt: skip
 
 
-def _lines(result) -> list[str]:
-    return [x for x in result.output.splitlines() if x.strip()]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _lines(text: str) -> list[str]:
+    return [x for x in text.splitlines() if x.strip()]
 
 
 def _one_line_error(result, *needles: str) -> str:
+    """Exit 2, nothing on stdout, one line on stderr holding every needle."""
     assert result.exit_code == 2, result.output
-    lines = _lines(result)
+    assert result.stdout == "", result.output  # `rldojo train > log` must not hide it
+    lines = _lines(result.stderr)
     assert len(lines) == 1, result.output
     for needle in needles:
         assert needle in lines[0], lines[0]
@@ -216,9 +226,97 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
     with pytest.raises(SystemExit) as info:
         cli.main()
     assert info.value.code == 1
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
-    assert lines == ["error: RuntimeError: disk on fire second line (rldojo --debug ... shows "
-                     "the traceback)"]  # fmt: skip
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert _lines(captured.err) == ["error: RuntimeError: disk on fire second line (rldojo "
+                                    "--debug ... shows the traceback)"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["rldojo", "--debug", "envs"])
     with pytest.raises(RuntimeError, match="disk on fire"):
         cli.main()
+
+
+def test_a_missing_config_in_a_fresh_process_is_one_line_on_stderr_exit_2(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "rldojo.cli", "train", "nonexistent.toml"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert _lines(done.stderr) == ["error: nonexistent.toml: file not found"]
+
+
+def test_usage_errors_exit_2_on_stderr():
+    result = runner.invoke(app, ["train", "--no-such-flag"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "No such option" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("stop", "code"),
+    [
+        (FailureBudgetExceeded("3 of 4 rollouts could not be scored (grade/error)"), 1),
+        (RunInterrupted("interrupted after step 2; resume with --resume runs/x", step=2), 130),
+        (ConfigValueError("model.lora.layers: layer 9 is out of range"), 2),  # a user error
+    ],
+)
+def test_main_maps_a_run_stop_or_user_error_to_its_exit_code_and_one_line(
+    monkeypatch, capsys, stop, code
+):
+    def stopped(*args, **kwargs):
+        raise stop
+
+    monkeypatch.setattr("rldojo.envs.registry.list_envs", stopped)
+    monkeypatch.setattr(sys, "argv", ["rldojo", "--debug", "envs"])  # no traceback either way
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == code
+    captured = capsys.readouterr()
+    assert captured.out == "" and _lines(captured.err) == [f"error: {stop}"]
+
+
+def test_a_missing_data_file_is_one_line_naming_it(tmp_path, no_model_load):
+    missing = tmp_path / "nope.jsonl"
+    result = runner.invoke(app, ["train", *TINY, "--set", "env.id=math-v1", "--set",
+                                 f'env.kwargs={{path="{missing}"}}', "--dry-run"])  # fmt: skip
+    _one_line_error(result, f"{missing}: no such file")
+
+
+def test_an_env_rejecting_its_kwargs_is_named_once(tmp_path, no_model_load):
+    data = tmp_path / "m.jsonl"
+    data.write_text('{"problem": "1+1", "answer": "2"}\n')
+    kwargs = f'env.kwargs={{path="{data}", test_fraction=1.5}}'
+    result = runner.invoke(app, ["train", *TINY, "--set", "env.id=math-v1", "--set", kwargs,
+                                 "--dry-run"])  # fmt: skip
+    line = _one_line_error(result, "env.kwargs: math-v1: test_fraction must be in [0, 1)")
+    assert line.count("math-v1") == 1
+
+
+def test_lora_layers_the_model_lacks_name_the_config_file_and_key(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    monkeypatch.chdir(REPO)  # the README's command line, relative path and all
+    result = runner.invoke(app, ["train", "examples/agentic_crm.toml", "--set",
+                                 "model.name=tiny-random", "--set", "eval.tasks=0", "--set",
+                                 f"run.output_dir={tmp_path}"])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert _lines(result.stderr) == [
+        "error: examples/agentic_crm.toml: model.lora.layers: "
+        "layer 20 is out of range for tiny-random (2 layers: 0-1)"
+    ]
+
+
+def test_a_grade_where_no_row_was_scored_says_so_on_stderr_exit_1(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # bound, then closed: connecting is refused at once
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    spec = {"grader": {"type": "score_model", "name": "j", "model": "m",
+                       "input": [{"role": "user", "content": "Rate {{sample.output_text}}"}]},
+            "judge": {"base_url": url, "max_retries": 0}, "cache": False}  # fmt: skip
+    (tmp_path / "g.json").write_text(json.dumps(spec))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"item": {"answer": "4"}, "sample": {"output_text": "4"}}) + "\n")
+    args = ["--grader", str(tmp_path / "g.json"), "--data", str(rows)]
+    result = runner.invoke(app, ["grade", *args, "--out", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 1, result.output
+    assert "error:" not in result.stdout and "rows:" in result.stdout  # the summary stays
+    assert _lines(result.stderr)[0].startswith("error: no row was scored (1 failed)")

@@ -65,6 +65,29 @@ def test_errors_are_one_line_and_name_the_key(tmp_path, text, overrides, expecte
     assert expected.split(": ", 1)[1].split(":")[0] in message
 
 
+@pytest.mark.parametrize(
+    ("text", "overrides", "expected"),
+    [
+        ("[rollout]\ngroup_sise = 4\n", [],
+         "c.toml: rollout.group_sise: unknown key (did you mean group_size?)"),
+        ("", ["rollout.group_sise=4"],
+         "c.toml + --set: rollout.group_sise: unknown key (did you mean group_size?)"),
+        ("[rolout]\n", [], "c.toml: rolout: unknown key (did you mean rollout?)"),
+        ("[model]\nlora = { rr = 4 }\n", [],
+         "c.toml: model.lora.rr: unknown key (did you mean r?)"),
+        ('[env]\nmix = [{ id = "arith-v1", kwarg = {} }]\n', [],
+         "c.toml: env.mix.0.kwarg: unknown key (did you mean kwargs?)"),
+        ("[loss]\nzzzz = 1\n", [], "c.toml: loss.zzzz: unknown key"),  # nothing close
+    ],
+)  # fmt: skip
+def test_unknown_keys_name_the_closest_key_of_their_section(tmp_path, text, overrides, expected):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    assert str(info.value) == f"{tmp_path}/{expected}"
+
+
 def test_missing_file_and_bad_override(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
         load_config(tmp_path / "nope.toml")

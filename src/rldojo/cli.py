@@ -1,8 +1,10 @@
 """The `rldojo` command line: the typer app and its entry point; `envs` here, every other
 command in its own module under `rldojo.commands` (train, doctor, eval, ...).
 
-Every command turns bad input into a one-line error and exit code 2 (config errors name
-the file and key; data errors name the file, line and field), never a traceback.
+Every command turns bad input into a one-line error on stderr and exit code 2 (config
+errors name the file and key; data errors name the file, line and field), never a
+traceback; `main` gives every other error one line too (exit codes: 2 bad input or usage,
+1 the work failed, 130 interrupted).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from rldojo.commands.ui import console
+from rldojo.commands.ui import console, err_console, user_errors
+from rldojo.train.stops import EXIT_FAILED, EXIT_USAGE, RunStopped
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False
@@ -33,20 +36,33 @@ def _options(
 
 
 def main() -> None:
-    """The `rldojo` entry point: an unexpected error is one line (and exit code 1), its
+    """The `rldojo` entry point. Every error is one line on stderr with a documented exit
+    code (`rldojo.train.stops`): 2 bad input or usage (typer's usage errors too), 1 the
+    work failed, 130 interrupted. A `RunStopped` exits with its own code and a user error
+    (`user_errors`) with 2, whichever command raised it; any other error exits 1, its
     traceback only with `--debug` (or `RLDOJO_DEBUG=1`)."""
     try:
         app()
+    except RunStopped as exc:
+        _error_line(str(exc))
+        sys.exit(exc.exit_code)
     except Exception as exc:
+        if isinstance(exc, user_errors()):
+            _error_line(str(exc))
+            sys.exit(EXIT_USAGE)
         if _debug["on"]:
             raise
-        text = " ".join(str(exc).split())[:500]
-        console.print(
-            f"[red]error:[/] {type(exc).__name__}: {escape(text)} (rldojo --debug ... shows "
-            "the traceback)",
-            soft_wrap=True,
-        )
-        sys.exit(1)
+        _error_line(f"{type(exc).__name__}: {_one_line(str(exc))} (rldojo --debug ... shows "
+                    "the traceback)")  # fmt: skip
+        sys.exit(EXIT_FAILED)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:500]  # a message with a whole file in it stays readable
+
+
+def _error_line(text: str) -> None:
+    err_console.print(f"[red]error:[/] {escape(' '.join(text.split()))}", soft_wrap=True)
 
 
 @app.command()

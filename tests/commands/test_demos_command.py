@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,8 +18,8 @@ runner = CliRunner()
 
 
 def _one_line_error(result, *needles: str) -> None:
-    assert result.exit_code == 2, result.output
-    lines = [x for x in result.output.splitlines() if x.strip()]
+    assert (result.exit_code, result.stdout) == (2, ""), result.output
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
     assert len(lines) == 1, result.output
     assert all(needle in lines[0] for needle in needles), lines[0]
 
@@ -94,3 +95,74 @@ def test_an_out_that_cannot_be_written_fails_before_any_episode(tmp_path):
     _one_line_error(result, "--out", "is not a directory")
     result = runner.invoke(app, ["demos", "crm-v1", "--out", str(tmp_path)])
     _one_line_error(result, "is a directory")
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _prompts(out: Path) -> list[str]:
+    return [json.loads(line)["messages"][1]["content"] for line in out.read_text().splitlines()]
+
+
+def test_the_readme_command_line_plays_the_configs_env(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "demos.jsonl"
+    result = runner.invoke(app, ["demos", "examples/agentic_arith_tools.toml", "--n", "2",
+                                 "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    kwargs = {
+        "levels": [1, 2],
+        "python": "auto",
+        "schema_style": "json",
+        "reward": {"tag_reward": 0.1, "tool_cost": 0.02},
+    }  # the config's [env] kwargs
+    tasks = make_env("arith-tools-v1", **kwargs).tasks("train", n=2)
+    assert _prompts(out) == [t.prompt for t in tasks]
+
+
+def test_the_env_and_its_kwargs_come_from_the_config_set_and_env_kwargs(tmp_path):
+    config = _config(tmp_path, '[env]\nid = "arith-tools-v1"\nkwargs = { levels = [3] }\n')
+    out = tmp_path / "demos.jsonl"
+    args = ["demos", config, "--n", "2", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert _prompts(out) == [t.prompt for t in make_env("arith-tools-v1", levels=[3]).tasks(n=2)]
+    # --set overrides the config; --env-kwargs is merged over its kwargs
+    result = runner.invoke(app, [*args, "--set", "env.kwargs.levels=[1]",
+                                 "--env-kwargs", '{"python": "off"}'])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    expected = make_env("arith-tools-v1", levels=[1], python="off").tasks(n=2)
+    assert _prompts(out) == [t.prompt for t in expected]
+    assert _prompts(out) != [t.prompt for t in make_env("arith-tools-v1", levels=[3]).tasks(n=2)]
+
+
+def _config(tmp_path, text: str) -> str:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "needles"),
+    [
+        ('[env]\nid = "crm-v1"\nkwargs = { levels = [9] }\n', [],
+         ["c.toml: env.kwargs: crm-v1: levels must be"]),
+        ('[env]\nid = "crm-v9"\n', [], ["c.toml: unknown environment 'crm-v9'"]),
+        ('[env]\nid = "crm-v1"\n', ["--set", "env.kwags={}"],
+         ["c.toml + --set: env.kwags: unknown key (did you mean kwargs?)"]),
+        ('[env]\nmix = [{ id = "crm-v1" }, { id = "arith-tools-v1" }]\n', [],
+         ["c.toml: env.mix: rldojo demos plays one environment"]),
+    ],
+)  # fmt: skip
+def test_a_config_error_is_one_line_naming_the_config(tmp_path, text, extra, needles):
+    out = tmp_path / "demos.jsonl"
+    result = runner.invoke(
+        app, ["demos", _config(tmp_path, text), "--n", "2", "--out", str(out), *extra]
+    )
+    _one_line_error(result, *needles)
+    assert not out.exists()
+
+
+def test_set_needs_a_config(tmp_path):
+    result = runner.invoke(app, ["demos", "crm-v1", "--set", "env.kwargs.levels=[1]"])
+    _one_line_error(result, "--set needs a CONFIG.toml")

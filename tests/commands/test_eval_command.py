@@ -116,3 +116,62 @@ def test_eval_max_turns_bounds_each_episode(tmp_path, max_turns):
 def test_eval_max_turns_must_be_positive():
     result = runner.invoke(app, ["eval", "--max-turns", "0"])
     assert result.exit_code != 0 and "--max-turns must be >= 1" in result.output
+
+
+TINY_RUN = [
+    "model.name=tiny-random", "model.autocast_bf16=false", "env.id=arith-v1",
+    "env.kwargs={levels=[2]}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+    "sampling.max_new_tokens=4", "eval.tasks=0", "eval.max_new_tokens=3",
+    "rollout.max_turns=2", "run.steps=2", "run.checkpoint_every=1",
+]  # fmt: skip
+
+
+def _train(tmp_path, *extra: str):
+    """A tiny two-step run with a checkpoint after each step; its directory."""
+    sets = [*TINY_RUN, f"run.output_dir={tmp_path}", "run.name=run", *extra]
+    result = runner.invoke(app, ["train", *(x for s in sets for x in ("--set", s))])
+    assert result.exit_code == 0, result.output
+    return tmp_path / "run"
+
+
+def test_eval_of_a_run_directory_takes_its_newest_checkpoint_env_and_limits(tmp_path):
+    run = _train(tmp_path)
+    out = tmp_path / "e.json"
+    result = runner.invoke(app, ["eval", "--model", str(run), "--tasks", "2", "--out", str(out),
+                                 "--compare", str(run)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    newest = str(run / "checkpoints" / "step_000002")
+    assert (data["model"], data["compare_model"]) == (newest, newest)
+    assert (data["env"], data["env_kwargs"]) == ("arith-v1", {"levels": [2]})
+    assert f"{run}: step_000002 on arith-v1" in result.stdout
+    assert "max_new_tokens 3, max_turns 2" in result.stdout  # eval.max_new_tokens wins
+    # what the command line gives wins over the run's config
+    given = ["--env-kwargs", '{"levels": [1]}', "--max-new-tokens", "2"]
+    result = runner.invoke(
+        app, ["eval", "--model", str(run), "--tasks", "2", "--out", str(out), *given]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["env_kwargs"] == {"levels": [1]}
+    assert "max_new_tokens 2, max_turns 2" in result.stdout
+
+
+def test_eval_of_a_lora_run_merges_its_adapter(tmp_path):
+    pytest.importorskip("peft")
+    run = _train(tmp_path, "model.lora={r=4, alpha=8}", "run.steps=1")
+    out = tmp_path / "e.json"
+    checkpoint = run / "checkpoints" / "step_000001"
+    assert (checkpoint / "adapter_config.json").exists()  # an adapter, not a whole model
+    result = runner.invoke(app, ["eval", "--model", str(run), "--tasks", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["model"] == str(checkpoint)
+
+
+def test_eval_of_a_run_without_a_checkpoint_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('[env]\nid = "arith-v1"\n')
+    result = runner.invoke(app, ["eval", "--model", str(run)])
+    assert (result.exit_code, result.stdout) == (2, ""), result.output
+    assert result.stderr.strip() == (f"error: model {str(run)!r}: a run directory without a "
+                                     "checkpoint yet (RUN/checkpoints/step_NNNNNN)")  # fmt: skip

@@ -173,6 +173,45 @@ def test_reasoning_gym_adapter(fake_reasoning_gym):
     assert score("no idea").components["format"] == 0.0
 
 
+@pytest.fixture
+def reasoning_gym_registry(monkeypatch):
+    """reasoning-gym's dataset registry, `factory.DATASETS`: the real package's when it is
+    installed, else a stand-in of the same shape (name -> (dataset class, config class))."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        import dataclasses
+
+        @dataclasses.dataclass
+        class ChainSumConfig:
+            min_terms: int = 2
+            max_terms: int = 6
+            seed: int | None = None
+            size: int = 500
+
+        reasoning_gym = types.ModuleType("reasoning_gym")
+        registry = {"chain_sum": (list, ChainSumConfig), "leg_counting": (list, object)}
+        reasoning_gym.factory = types.SimpleNamespace(DATASETS=registry)  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "reasoning_gym", reasoning_gym)
+    return reasoning_gym.factory.DATASETS
+
+
+def test_reasoning_gym_unknown_dataset_or_config_key_names_the_key(reasoning_gym_registry):
+    from rldojo.envs.registry import EnvKwargsError
+
+    assert "chain_sum" in reasoning_gym_registry
+    with pytest.raises(EnvKwargsError) as info:
+        make_env("reasoning-gym-v1", dataset="chain_sumx")
+    assert str(info.value) == ("env.kwargs.dataset: reasoning-gym has no dataset 'chain_sumx' "
+                               "(did you mean 'chain_sum'?)")  # fmt: skip
+    with pytest.raises(EnvKwargsError, match=r"^env.kwargs.config.min_term: reasoning-gym's "
+                       r"chain_sum takes no 'min_term' \(did you mean 'min_terms'\?\); it "
+                       r"takes: min_terms, max_terms"):  # fmt: skip
+        make_env("reasoning-gym-v1", dataset="chain_sum", config={"min_term": 3})
+    with pytest.raises(EnvKwargsError, match="takes no 'seed'"):  # the env seeds each split
+        make_env("reasoning-gym-v1", dataset="chain_sum", config={"seed": 3})
+
+
 def test_reasoning_gym_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import fails
     with pytest.raises(ImportError, match="pip install reasoning-gym"):

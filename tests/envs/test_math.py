@@ -131,6 +131,24 @@ def test_bad_arguments(tmp_path: Path) -> None:
         MathEnv(path).tasks("dev")
 
 
+def test_a_missing_file_is_one_data_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(DataError) as info:
+        make_env("math-v1", path=str(missing))
+    assert str(info.value) == f"{missing}: no such file"
+    with pytest.raises(DataError, match=r"nope-test\.jsonl: no such file$"):
+        MathEnv(
+            _write_jsonl(tmp_path / "m.jsonl", ROWS[:3]), test_path=tmp_path / "nope-test.jsonl"
+        )
+
+
+def test_a_rejected_argument_names_the_env_once(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "m.jsonl", ROWS[:3])
+    with pytest.raises(ValueError) as info:
+        make_env("math-v1", path=str(path), test_fraction=1.5)
+    assert str(info.value) == "env.kwargs: math-v1: test_fraction must be in [0, 1), got 1.5"
+
+
 def test_hf_dataset_without_datasets_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` fail
     with pytest.raises(ImportError, match="needs the 'datasets' package"):

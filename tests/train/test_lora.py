@@ -204,7 +204,8 @@ def test_lora_on_top_layers_only_trains_those_and_backward_stops_below(tmp_path)
 
 @pytest.mark.parametrize("layers", ["[2]", "[-1]", "[]"])
 def test_lora_layers_outside_the_model_is_one_line_error(tmp_path, layers):
-    from rldojo.config import ConfigError
+    from rldojo.config import ConfigValueError
 
-    with pytest.raises(ConfigError, match=r"model.lora.layers: .* model's 2 layers \(0 to 1\)"):
+    expected = r"model.lora.layers: .* tiny-random \(2 layers: 0-1\)"
+    with pytest.raises(ConfigValueError, match=expected):
         Trainer(_config(tmp_path, f"model.lora.layers={layers}"), tmp_path / "run")

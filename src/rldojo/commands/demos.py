@@ -3,12 +3,18 @@
     rldojo demos ENV --n N --out demos.jsonl [--env-kwargs JSON] [--split train] [--seed 0]
                  [--teacher http://host:port/v1#model] [--samples K] [--temperature 0.7]
                  [--max-new-tokens 256] [--keep passed|all] [--api-key KEY]
+    rldojo demos CONFIG.toml --n N --out demos.jsonl [--set env.kwargs.levels=[1]]
+
+ENV is an environment id, or the TOML config that `rldojo sft` and `rldojo train` read:
+its `[env]` id and kwargs are played (with `--set` overrides; `--env-kwargs` is merged
+over the kwargs), so the demonstrations come from the environment the model trains on.
 
 Without `--teacher`, the env's expert plays (`rldojo.envs.experts`); with it, the endpoint
 does, and only episodes the env's grader passes are kept (up to `--samples` attempts per
 task). Each line is one demo record (`rldojo.rollout.demos`); the file is replaced in one
 step when the collection is done. Bad input (unknown env, an env without an expert, bad
-`--env-kwargs`, an `--out` that cannot be written) is one line, before any episode.
+`--env-kwargs` or config, an `--out` that cannot be written) is one line, before any
+episode; an error in the config's env names the config file.
 """
 
 from __future__ import annotations
@@ -26,6 +32,24 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add `rldojo demos` to the app."""
     app.command("demos")(demos)
+
+
+def _env_of(
+    spec: str, env_kwargs: str | None, overrides: list[str]
+) -> tuple[str, dict[str, Any], str | None]:
+    """`(env id, kwargs, config file or None)` from ENV (an id or a TOML config)."""
+    extra = _env_kwargs(env_kwargs) if env_kwargs is not None else {}
+    if not spec.endswith(".toml"):
+        if overrides:
+            raise ValueError("--set needs a CONFIG.toml in place of ENV")
+        return spec, extra, None
+    from rldojo.config import ConfigError, load_config
+
+    env = load_config(spec, overrides).env
+    if env.mix:
+        raise ConfigError(f"{spec}: env.mix: rldojo demos plays one environment; set env.id "
+                          "and env.kwargs (or pass an environment id)")  # fmt: skip
+    return env.id, {**env.kwargs, **extra}, spec
 
 
 def _env_kwargs(text: str) -> dict[str, Any]:
@@ -107,10 +131,24 @@ def _print(console: Any, o: dict[str, Any], s: dict[str, Any], source: str) -> N
 
 
 def demos(
-    env: Annotated[str, typer.Argument(help="Environment id, e.g. crm-v1")],
+    env: Annotated[
+        str,
+        typer.Argument(
+            metavar="ENV|CONFIG.toml",
+            help="Environment id (e.g. crm-v1), or the TOML config of rldojo sft/train "
+            "(its \\[env] id and kwargs)",
+        ),
+    ],
     n: Annotated[int, typer.Option("--n", help="Tasks of the split to play")] = 100,
     out: Annotated[Path, typer.Option(help="Demo records (JSONL)")] = Path("demos.jsonl"),
-    env_kwargs: Annotated[str, typer.Option(help="JSON kwargs for the environment")] = "{}",
+    env_kwargs: Annotated[
+        str | None,
+        typer.Option(help="JSON kwargs for the environment (with a CONFIG: merged over its)"),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override in CONFIG, e.g. env.kwargs.levels=[1]"),
+    ] = None,
     split: Annotated[str, typer.Option()] = "train",
     seed: Annotated[int, typer.Option(help="Task seed; episode seeds follow from it")] = 0,
     teacher: Annotated[
@@ -131,19 +169,23 @@ def demos(
 ) -> None:
     """Play an env with its expert (or a teacher endpoint) and write graded demos as JSONL."""
     from rldojo.commands.ui import console, fail, user_errors
+    from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
 
     o = dict(locals())
     errors: tuple[type[Exception], ...] = (*user_errors(), ValueError)
+    source = None
     try:
         if keep not in ("passed", "all"):
             raise ValueError(f"--keep must be 'passed' or 'all', got {keep!r}")
         if n < 1 or samples < 1 or max_turns < 1:
             raise ValueError("--n, --samples and --max-turns must be >= 1")
-        kwargs = _env_kwargs(env_kwargs)
+        o["env"], kwargs, source = _env_of(env, env_kwargs, set_ or [])
         _check_out(out)
         records, stats = asyncio.run(_collect(o, kwargs))
     except errors as exc:
-        fail(str(exc))
+        # the env's errors name its id or key, not the config file they came from
+        in_config = source is not None and isinstance(exc, (EnvKwargsError, UnknownEnvError))
+        fail(f"{source}: {exc}" if in_config else str(exc))
         return
     _write_jsonl(out, records)
     source = f"teacher:{teacher.partition('#')[2]}" if teacher else "expert"

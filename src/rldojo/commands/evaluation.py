@@ -2,13 +2,16 @@
 
     rldojo eval --model M --env arith-v1 [--samples K] [--compare M2] [--perturb all]
                 [--label-errors FILE] [--out result.json] [--report report.md]
+    rldojo eval --model RUN_DIR [--tasks N]     # its newest checkpoint, env and prompts
 
 Reports pass@k (unbiased) for k up to K, avg@K, maj@K and mean reward with task-level
 bootstrap intervals; with `--compare`, the paired difference (paired bootstrap, exact
 McNemar) on the same tasks and seeds; with `--perturb`, the robustness probes
 (`rldojo.eval.perturb`); with `--label-errors`, the noise ceiling (`rldojo.eval.noise`);
 and always the failure modes (`rldojo.eval.failures`). A model is a built-in name, a
-directory or checkpoint, or an endpoint ``http://host:port/v1#served-model-name``.
+directory or checkpoint (a LoRA adapter is merged into its base), a run directory (its
+newest checkpoint; its env, kwargs and limits unless given: `rldojo.commands.eval_inputs`),
+or an endpoint ``http://host:port/v1#served-model-name``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ from typing import Annotated, Any
 
 import typer
 
+from rldojo.commands.eval_report import (
+    markdown_report,
+    metrics_json,
+    print_robustness,
+    summary_table,
+    task_rows,
+)
 from rldojo.types import SamplingParams, Task
 
 
@@ -48,10 +58,12 @@ def _policy(spec: str, api_key: str | None) -> Any:
         key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
         return OpenAIPolicy(base_url, served or "default", api_key=key)
     from rldojo.config import GenerationConfig
+    from rldojo.policy.lora import is_adapter_dir, load_merged
     from rldojo.policy.models import load_model
     from rldojo.policy.transformers_backend import TransformersPolicy
 
-    model, tokenizer = load_model(spec)
+    path = Path(spec).expanduser()
+    model, tokenizer = load_merged(path) if is_adapter_dir(path) else load_model(spec)
     cache_mb = GenerationConfig().prefix_cache_mb  # multi-turn episodes: reuse the last turn
     return TransformersPolicy(model, tokenizer, prefix_cache_mb=cache_mb)
 
@@ -93,44 +105,6 @@ def _ks(samples: int, ks: list[int] | None) -> list[int]:
     return sorted({*powers, samples})
 
 
-def _summary_table(title: str, summary: dict[str, Any]) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in ("metric", "value", "95% CI (bootstrap)", "95% CI (Wilson)", "tasks"):
-        table.add_column(column)
-    for name, m in summary.items():
-        wilson = f"{m.wilson[0]:.3f} – {m.wilson[1]:.3f}" if m.wilson else ""
-        table.add_row(name, f"{m.value:.3f}", f"{m.lo:.3f} – {m.hi:.3f}", wilson, str(m.n))
-    return table
-
-
-def _task_rows(result: Any, ks: list[int]) -> list[dict[str, Any]]:
-    rows = []
-    for t in result.tasks:
-        row: dict[str, Any] = {
-            "task_id": t.task_id,
-            "answer": t.reference,
-            "n": t.n,
-            "passes": t.c,
-            "statuses": t.statuses,
-            "majority_correct": t.majority(),
-            "mean_reward": t.mean_reward(),
-            "completion": t.completions[0] if t.completions else "",
-            "passed": bool(t.passes[0]) if t.passes else False,
-        }
-        row |= {f"pass@{k}": t.pass_at(k) for k in ks}
-        rows.append(row)
-    return rows
-
-
-def _as_json(summary: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: {"value": m.value, "ci95": [m.lo, m.hi], "wilson95": m.wilson, "tasks": m.n}
-        for k, m in summary.items()
-    }
-
-
 def _robustness(runner: _Runner, policy: Any, tasks: list[Task], base: Any, args: Any) -> Any:
     from rldojo.envs.multiple_choice import item_from_task
     from rldojo.eval.perturb import robustness_report, select_suite
@@ -143,80 +117,25 @@ def _robustness(runner: _Runner, policy: Any, tasks: list[Task], base: Any, args
     return robustness_report(outcomes, n_resamples=args["bootstrap"], seed=args["seed"])
 
 
-def _print_robustness(console: Any, report: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"robustness ({report['tasks']} tasks)")
-    for column in ("variant", "accuracy", "95% CI", "vs baseline"):
-        table.add_column(column)
-    for name, v in report["variants"].items():
-        lo, hi = v["ci95"]
-        table.add_row(
-            name, f"{v['accuracy']:.3f}", f"{lo:.3f} – {hi:.3f}", f"{v['diff_vs_baseline']:+.3f}"
-        )
-    console.print(table)
-    console.print(
-        f"spread (max - min) {report['spread']:.3f}, std {report['std']:.3f}, "
-        f"tasks that flip {len(report['flips'])} ({report['flip_rate']:.1%})"
-    )
-
-
-def _markdown(data: dict[str, Any]) -> str:
-    lines = [f"# rldojo eval: {data['model']} on {data['env']}", ""]
-    lines += ["| metric | value | 95% CI (bootstrap) | 95% CI (Wilson) | tasks |"]
-    lines.append("|---|---:|---|---|---:|")
-    for name, m in data["metrics"].items():
-        w = f"{m['wilson95'][0]:.3f}–{m['wilson95'][1]:.3f}" if m["wilson95"] else ""
-        ci = f"{m['ci95'][0]:.3f}–{m['ci95'][1]:.3f}"
-        lines.append(f"| {name} | {m['value']:.3f} | {ci} | {w} | {m['tasks']} |")
-    if "compare" in data:
-        c = data["compare"]
-        lines += [
-            "",
-            f"## {data['compare_model']} minus {data['model']}",
-            "",
-            f"avg@K difference {c['diff']:+.3f} (95% CI {c['diff_ci95'][0]:+.3f} to "
-            f"{c['diff_ci95'][1]:+.3f}, paired bootstrap p={c['bootstrap_p']:.3g}); McNemar: "
-            f"{c['mcnemar']['a_only']} tasks only A, {c['mcnemar']['b_only']} only B, "
-            f"p={c['mcnemar']['p_value']:.3g}",
-        ]
-    if "robustness" in data:
-        r = data["robustness"]
-        lines += ["", "## Robustness", "", "| variant | accuracy | 95% CI |", "|---|---:|---|"]
-        for name, v in r["variants"].items():
-            lines.append(
-                f"| {name} | {v['accuracy']:.3f} | {v['ci95'][0]:.3f}–{v['ci95'][1]:.3f} |"
-            )
-        lines.append(f"\nspread {r['spread']:.3f}; tasks that flip: {len(r['flips'])}")
-    if "noise" in data:
-        n = data["noise"]
-        lines += [
-            "",
-            f"## Noise ceiling\n\nobserved {n['observed']:.3f}, ceiling {n['ceiling']:.3f}, "
-            f"adjusted {n['adjusted']:.3f}, relative {n['relative']:.3f}",
-        ]
-    from rldojo.eval.failures import FailureGroup, failures_markdown
-
-    for key, model in (
-        ("failures", data["model"]),
-        ("compare_failures", data.get("compare_model")),
-    ):
-        if key in data:
-            groups = [FailureGroup(**g) for g in data[key]]
-            lines += ["", f"## Failure modes: {model}", "", failures_markdown(groups)]
-    return "\n".join([*lines, ""])
-
-
 def eval_(
     model: Annotated[
-        str, typer.Option(help="Model name, directory, checkpoint, or http://host/v1#name")
+        str,
+        typer.Option(
+            help="Model name, directory, checkpoint, run directory (its newest checkpoint, "
+            "env and prompts), or http://host/v1#name"
+        ),
     ] = "smollm2-135m-instruct",
-    env: Annotated[str, typer.Option(help="Environment id")] = "arith-v1",
+    env: Annotated[
+        str | None, typer.Option(help="Environment id (default: the run's, else arith-v1)")
+    ] = None,
     tasks: Annotated[int, typer.Option(help="Tasks of the split to evaluate")] = 128,
-    max_new_tokens: Annotated[int, typer.Option()] = 48,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="Default: the run's eval.max_new_tokens, else 48")
+    ] = None,
     max_turns: Annotated[
-        int, typer.Option(help="Model turns an episode may take (rollout.max_turns)")
-    ] = 8,
+        int | None,
+        typer.Option(help="Model turns an episode may take (default: the run's, else 8)"),
+    ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[
         Path | None,
@@ -230,10 +149,13 @@ def eval_(
     ] = None,
     k: Annotated[list[int] | None, typer.Option("--k", help="pass@k values to report")] = None,
     compare: Annotated[
-        str | None, typer.Option(help="A second model, paired on the same tasks")
+        str | None,
+        typer.Option(help="A second model (or run directory), paired on the same tasks"),
     ] = None,
     split: Annotated[str, typer.Option()] = "test",
-    env_kwargs: Annotated[str, typer.Option(help="JSON kwargs for the environment")] = "{}",
+    env_kwargs: Annotated[
+        str | None, typer.Option(help="JSON kwargs for the environment (default: the run's)")
+    ] = None,
     perturb: Annotated[
         list[str] | None, typer.Option(help="Robustness probes: 'all' or variant names")
     ] = None,
@@ -255,7 +177,7 @@ def eval_(
 
     if samples < 1:
         fail("--samples must be >= 1")
-    if max_turns < 1:
+    if max_turns is not None and max_turns < 1:
         fail("--max-turns must be >= 1")
     set_threads(threads)
     opts = dict(locals())
@@ -268,7 +190,7 @@ def eval_(
     if out is not None:
         out.write_text(json.dumps(data, indent=2, default=str))
     if report is not None:
-        report.write_text(_markdown(data))
+        report.write_text(markdown_report(data))
         if "robustness" in data:
             from rldojo.eval.plots import robustness
 
@@ -292,14 +214,39 @@ def _check_models(*specs: str | None) -> None:
 
     for spec in specs:
         if spec is not None and not spec.startswith(("http://", "https://")):
-            check_model(spec)
+            check_model(_check_adapter_base(spec))
+
+
+def _resolve(o: dict[str, Any], console: Any) -> dict[str, Any]:
+    """Fill `o`'s model, env and limits (`eval_inputs.resolve`); the env kwargs."""
+    from rldojo.commands.eval_inputs import is_run_dir, newest_checkpoint, resolve
+
+    inputs = resolve(o["model"], o["env"], o["env_kwargs"], o["max_new_tokens"], o["max_turns"])
+    o |= {"model": inputs.model, "env": inputs.env, "max_new_tokens": inputs.max_new_tokens,
+          "max_turns": inputs.max_turns}  # fmt: skip
+    if is_run_dir(o["compare"]):
+        o["compare"] = str(newest_checkpoint(Path(o["compare"]).expanduser()))
+    if inputs.run is not None:
+        console.print(f"{inputs.run}: {Path(inputs.model).name} on {inputs.env} "
+                      f"{json.dumps(inputs.env_kwargs)}, max_new_tokens "
+                      f"{inputs.max_new_tokens}, max_turns {inputs.max_turns}",
+                      soft_wrap=True, highlight=False)  # fmt: skip
+    return inputs.env_kwargs
+
+
+def _check_adapter_base(spec: str) -> str:
+    """What to check of a spec: a LoRA adapter's base model, else the spec itself."""
+    from rldojo.policy.lora import adapter_base_name, is_adapter_dir
+
+    path = Path(spec).expanduser()
+    return adapter_base_name(path) if is_adapter_dir(path) else spec
 
 
 def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
     from rldojo.envs.registry import make_env
     from rldojo.eval.failures import failures_table, group_failures
 
-    kwargs = json.loads(o["env_kwargs"])
+    kwargs = _resolve(o, console)
     _check_models(o["model"], o["compare"])  # both, before evaluating either
     task_list = list(make_env(o["env"], **kwargs).tasks(o["split"], seed=o["seed"], n=o["tasks"]))
     if not task_list:
@@ -315,24 +262,25 @@ def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
         f"{o['model']} on {o['env']} ({len(task_list)} tasks, "
         f"K={o['samples']}, T={o['temperature']:g})"
     )
-    console.print(_summary_table(title, summary))
+    console.print(summary_table(title, summary))
     first = summary[f"pass@{ks[0]}"]
     data: dict[str, Any] = {
         "model": o["model"],
         "env": o["env"],
+        "env_kwargs": kwargs,
         "samples": o["samples"],
         "temperature": o["temperature"],
         "accuracy": first.value,
         "ci95": [first.lo, first.hi],
         "statuses": result.statuses(),
-        "metrics": _as_json(summary),
-        "rows": _task_rows(result, ks),
+        "metrics": metrics_json(summary),
+        "rows": task_rows(result, ks),
     }
     if o["compare"] is not None:
         _compare(o, runner, task_list, result, ks, data, console)
     if o["perturb"]:
         data["robustness"] = _robustness(runner, policy, task_list, result, o)
-        _print_robustness(console, data["robustness"])
+        print_robustness(console, data["robustness"])
     if o["label_errors"] is not None:
         _noise(o, task_list, result, data, console)
     groups = group_failures(result.records)
@@ -358,7 +306,7 @@ def _compare(
 
     other = runner.run(_policy(o["compare"], o["api_key"]), tasks, o["samples"], o["seed"])
     other_summary = other.summary(ks, n_resamples=o["bootstrap"], seed=o["seed"])
-    console.print(_summary_table(f"{o['compare']} on {o['env']}", other_summary))
+    console.print(summary_table(f"{o['compare']} on {o['env']}", other_summary))
     c = compare_evals(result, other, n_resamples=o["bootstrap"], seed=o["seed"])
     other_groups = group_failures(other.records)
     data["compare_failures"] = [g.__dict__ for g in other_groups]
@@ -367,7 +315,7 @@ def _compare(
     data |= {
         "compare_model": o["compare"],
         "compare": c,
-        "compare_metrics": _as_json(other_summary),
+        "compare_metrics": metrics_json(other_summary),
     }
     console.print(
         f"B - A avg@{o['samples']}: {c['diff']:+.3f} (95% CI {c['diff_ci95'][0]:+.3f} to "

@@ -95,16 +95,18 @@ def grade(
     target = summary or out.with_name(out.name + ".summary.json")
     target.write_text(json.dumps(result, indent=2) + "\n")
     _print_summary(console, result, out, target)
-    _exit_if_all_failed(console, scores)
+    _exit_if_all_failed(scores)
 
 
-def _exit_if_all_failed(console: Any, scores: list[Any]) -> None:
+def _exit_if_all_failed(scores: list[Any]) -> None:
     """Exit 1 when no row was scored (every one `error`, `timeout` or `invalid`): an
     unreachable judge or a broken grader, not a result. The outputs are written first."""
     if not scores or any(s.ok for s in scores):
         return
+    from rldojo.commands.ui import err_console
+
     first = next((s.explanation for s in scores if s.explanation), "")
-    console.print(
+    err_console.print(
         f"[red]error:[/] no row was scored ({len(scores)} failed); the first: "
         f"{escape(' '.join(first.split())[:300])}",
         soft_wrap=True,
@@ -187,7 +189,9 @@ def eval_judge(
     if out is not None:
         out.write_text(json.dumps(report, indent=2) + "\n")
     if rows and not agree["scored"]:
-        console.print(
+        from rldojo.commands.ui import err_console
+
+        err_console.print(
             f"[red]error:[/] the judge scored none of the {len(rows)} rows "
             f"(statuses {report['statuses']})",
             soft_wrap=True,

@@ -1,8 +1,10 @@
-"""What every command shares: the console, one-line failures, the user-error types.
+"""What every command shares: the consoles, one-line failures, the user-error types.
 
-A user error (bad config, data, env id or kwargs, model, template) is printed as one
-line by `fail` with exit code 2; anything else reaches `rldojo.cli.main`, which prints
-it as one line too (the traceback only with `--debug`).
+Results go to `console` (stdout); errors to `err_console` (stderr), so `rldojo train >
+log` still shows them. A user error (bad config, data, env id or kwargs, model,
+template, a port in use) is printed as one line by `fail` with exit code 2
+(`EXIT_USAGE`); anything else reaches `rldojo.cli.main`, which prints it as one line too
+(the traceback only with `--debug`) with the exit codes of `rldojo.train.stops`.
 """
 
 from __future__ import annotations
@@ -11,23 +13,30 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rldojo.config import ConfigError
+from rldojo.config import ConfigError, ConfigValueError
+from rldojo.train.stops import EXIT_USAGE
 
-__all__ = ["console", "fail", "user_errors"]
+__all__ = ["console", "err_console", "fail", "user_errors"]
 
 console = Console()
+err_console = Console(stderr=True)
 
 
-def fail(message: str, code: int = 2) -> None:
-    """One error line, then exit `code` (2: bad input; see `rldojo.train.stops`)."""
-    console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    """One error line on stderr, then exit `code` (2: bad input; see `rldojo.train.stops`)."""
+    err_console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that are the user's input: one line and exit code 2, never a
+    traceback. A `ConfigError` names its config file; the others name a key, a data file,
+    an env id or a port, and a command that read a config file puts its name in front."""
     from rldojo.data.loading import DataError
     from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
     from rldojo.graders.openai_templates import TemplateError
     from rldojo.policy.models import ModelLoadError
+    from rldojo.serve.server import PortInUseError
 
-    return (ConfigError, DataError, UnknownEnvError, EnvKwargsError, ModelLoadError, TemplateError)
+    return (ConfigError, ConfigValueError, DataError, UnknownEnvError, EnvKwargsError,
+            ModelLoadError, TemplateError, PortInUseError)  # fmt: skip

@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from rldojo.config.base import ConfigError, _Section
+from rldojo.config.base import ConfigError, _Section, format_error
+from rldojo.config.base import ConfigValueError as ConfigValueError  # re-exported
 from rldojo.config.model import LoraSection as LoraSection  # re-exported
 from rldojo.config.model import ModelConfig
 from rldojo.config.run import RunConfig as RunConfig  # re-exported
@@ -313,14 +314,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
-def _format_error(source: str, exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{source}: {where}: {msg}{more}"
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a TOML config (or the defaults when `path` is None) and apply overrides."""
     data: dict[str, Any] = {}
@@ -339,7 +332,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(source, exc)) from None
+        raise ConfigError(format_error(source, exc, TrainConfig)) from None
 
 
 def dump_config(config: TrainConfig) -> str:

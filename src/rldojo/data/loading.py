@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["DataError", "read_rows", "require_any_field", "require_field"]
+__all__ = ["DataError", "read_rows", "require_any_field", "require_data_file", "require_field"]
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -59,6 +59,15 @@ def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any
     ``.parquet``/``.pq`` via pyarrow. Raises `DataError` for an unknown suffix, a line
     that is not valid JSON, or a record that is not an object.
     """
+    p = require_data_file(path)
+    yield from _read_parquet(p) if _suffix(p) in PARQUET_SUFFIXES else _read_json(p)
+
+
+def require_data_file(path: str | os.PathLike[str]) -> Path:
+    """`path` as a `Path`, checked to be an existing file of a type `read_rows` reads;
+    else `DataError` ``"<path>: no such file"`` (or ``not a file``, ``unsupported file
+    type``). Call it before anything else touches the file (a stat, a cache key), so a
+    missing file is this one line and not an OSError."""
     p = Path(path)
     suffix = _suffix(p)
     if suffix not in PARQUET_SUFFIXES + JSON_SUFFIXES:
@@ -68,7 +77,7 @@ def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any
         )
     if not p.is_file():
         raise DataError(p, None, "no such file" if not p.exists() else "not a file")
-    yield from _read_parquet(p) if suffix in PARQUET_SUFFIXES else _read_json(p)
+    return p
 
 
 def _read_json(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

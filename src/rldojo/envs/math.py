@@ -33,7 +33,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rldojo.data.loading import DataError, read_rows, require_any_field, require_field
+from rldojo.data.loading import (
+    DataError,
+    read_rows,
+    require_any_field,
+    require_data_file,
+    require_field,
+)
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_reward
@@ -122,7 +128,7 @@ def _load_file(
     path: str, prompt_fields: Sequence[str], answer_fields: Sequence[str], id_field: str
 ) -> list[Record]:
     """Records of a file, cached by (path, size, mtime, fields) so many env instances are cheap."""
-    stat = os.stat(path)
+    stat = os.stat(require_data_file(path))
     key = (
         os.path.abspath(path),
         stat.st_size,

@@ -18,13 +18,16 @@ raises is a failed score (``error``), never a 0; one that runs past `timeout_s` 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 import functools
 import importlib
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from rldojo.envs.base import SingleTurnEnv
-from rldojo.envs.registry import register
+from rldojo.envs.registry import EnvKwargsError, register
 from rldojo.graders.rules import NO_ANSWER_FLAG, extract_answer
 from rldojo.types import Rollout, Score, Task
 
@@ -120,6 +123,35 @@ class ReasoningGymGrader:
         )
 
 
+def _check_dataset(rg: Any, dataset: str, config: dict[str, Any]) -> None:
+    """An unknown dataset or config key is an `EnvKwargsError` naming the key, with the
+    closest name, when the environment is built (reasoning-gym itself says only "Dataset
+    'chain_sumx' not registered", when the first tasks are drawn). A reasoning-gym
+    without the `factory.DATASETS` registry is not checked: `create_dataset` says."""
+    registry = getattr(getattr(rg, "factory", None), "DATASETS", None)
+    if not isinstance(registry, dict):
+        return
+    if dataset not in registry:
+        raise EnvKwargsError(f"env.kwargs.dataset: reasoning-gym has no dataset {dataset!r}"
+                             f"{_did_you_mean(dataset, registry)}")  # fmt: skip
+    config_cls = registry[dataset][1]
+    if not dataclasses.is_dataclass(config_cls):
+        return
+    # seed and size are the environment's to set, per split
+    accepted = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+    for key in config:
+        if key not in accepted:
+            raise EnvKwargsError(
+                f"env.kwargs.config.{key}: reasoning-gym's {dataset} takes no {key!r}"
+                f"{_did_you_mean(key, accepted)}; it takes: {', '.join(accepted)}"
+            )
+
+
+def _did_you_mean(name: str, names: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 class ReasoningGymEnv(SingleTurnEnv):
     """One reasoning-gym dataset as a single-turn environment (see the module docstring).
 
@@ -146,6 +178,7 @@ class ReasoningGymEnv(SingleTurnEnv):
         self.rg = _reasoning_gym()
         self.dataset = dataset
         self.config = dict(config or {})
+        _check_dataset(self.rg, dataset, self.config)
         self.system_prompt = system_prompt
         self.format_penalty = format_penalty
 

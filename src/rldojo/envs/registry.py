@@ -249,9 +249,10 @@ def check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any
 
 def build_env(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> Env:
     """Call `factory(**kwargs)` and check that the result is an `Env` (TypeError if not);
-    kwargs that do not fit the factory's signature are an `EnvKwargsError`."""
+    kwargs that do not fit the factory's signature, or that it rejects with a ValueError
+    (a data file's `DataError` aside), are an `EnvKwargsError`."""
     check_kwargs(env_id, factory, kwargs)
-    env = factory(**kwargs)
+    env = _call_factory(env_id, factory, kwargs)
     if not isinstance(env, Env):
         missing = [
             name
@@ -263,6 +264,20 @@ def build_env(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) 
             f"(missing: {', '.join(missing)})"
         )
     return env
+
+
+def _call_factory(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> Env:
+    from rldojo.data.loading import DataError
+
+    try:
+        return factory(**kwargs)
+    except (DataError, EnvKwargsError):
+        raise  # one line already, naming the file or the key
+    except ValueError as exc:
+        # an environment's message names its id ("math-v1: test_fraction must be ..."):
+        # named once here, after the key
+        message = " ".join(str(exc).split()).removeprefix(f"{env_id}: ")
+        raise EnvKwargsError(f"env.kwargs: {env_id}: {message}") from exc
 
 
 def make_env(env_id: str, **kwargs: Any) -> Env:

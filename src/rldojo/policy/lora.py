@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rldojo.config import ConfigError, LoraSection
+from rldojo.config import ConfigError, ConfigValueError, LoraSection
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -52,11 +52,7 @@ def is_peft_model(model: Any) -> bool:
 def add_lora(model: Any, lora: LoraSection, base_name: str) -> Any:
     """Wrap `model` with fresh adapters (B = 0: the policy starts equal to the base)."""
     peft = _peft()
-    count = model.config.num_hidden_layers
-    outside = [i for i in lora.layers or [] if not 0 <= i < count]
-    if outside or lora.layers == []:
-        raise ConfigError(f"model.lora.layers: {outside or '[]'} is not a choice of the "
-                          f"model's {count} layers (0 to {count - 1})")  # fmt: skip
+    _check_layers(lora.layers, model.config.num_hidden_layers, base_name)
     targets = lora.target_modules if isinstance(lora.target_modules, str) else list(
         lora.target_modules)  # fmt: skip
     config = peft.LoraConfig(
@@ -69,10 +65,33 @@ def add_lora(model: Any, lora: LoraSection, base_name: str) -> Any:
     return wrapped
 
 
+def _check_layers(layers: list[int] | None, count: int, base_name: str) -> None:
+    """`model.lora.layers` against the model's layers; a `ConfigValueError` (not a
+    `ConfigError`) so the command names the config file in front: the examples' layers
+    20-29 are SmolLM2-135M's, and `--set model.name=tiny-random` (2 layers) meets them."""
+    span = f"({count} layers: 0-{count - 1})"
+    if layers == []:
+        raise ConfigValueError(f"model.lora.layers: [] selects no layer of {base_name} {span}")
+    outside = [i for i in layers or [] if not 0 <= i < count]
+    if outside:
+        raise ConfigValueError(
+            f"model.lora.layers: layer {outside[0]} is out of range for {base_name} {span}"
+        )
+
+
 def load_adapter(base: Any, adapter_dir: Path, *, trainable: bool = True) -> Any:
     """The base model with the adapter saved in `adapter_dir` (trainable to resume)."""
     peft = _peft()
     return peft.PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+
+
+def load_merged(adapter_dir: Path) -> tuple[Any, Any]:
+    """`(model, tokenizer)`: the adapter in `adapter_dir` loaded onto its base and merged
+    into it, a plain model to sample from (`rldojo eval` of a LoRA checkpoint)."""
+    from rldojo.policy.models import load_model
+
+    base, tokenizer = load_model(adapter_base_name(adapter_dir))
+    return load_adapter(base, adapter_dir, trainable=False).merge_and_unload(), tokenizer
 
 
 def adapter_base_name(adapter_dir: Path) -> str:
@@ -142,8 +161,7 @@ def export_checkpoint(checkpoint: Path, out: Path, *, merge: bool) -> Path:
         if not merge:
             raise ConfigError(f"{checkpoint}: a LoRA adapter; pass --merge to fold it into "
                               "its base (or load it with PeftModel.from_pretrained)")  # fmt: skip
-        base, tokenizer = load_model(adapter_base_name(checkpoint))
-        model = load_adapter(base, checkpoint, trainable=False)
+        model, tokenizer = load_merged(checkpoint)
     elif (checkpoint / "config.json").exists():
         model, tokenizer = load_model(str(checkpoint))
     else:
