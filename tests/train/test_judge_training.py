@@ -13,11 +13,13 @@ import hashlib
 import json
 import re
 
+import pytest
 from judge_standin import split_blocks
 
 from rldojo.config import load_config
 from rldojo.serve import ScriptedEngine, start_server
 from rldojo.train.loop import run_training
+from rldojo.train.stops import FailureBudgetExceeded
 
 TINY = [
     "model.name=tiny-random",
@@ -45,12 +47,13 @@ def rubric_override(url: str, model: str, cache: str) -> str:
     )
 
 
-def train(tmp_path, name: str, url: str, model: str) -> tuple[dict, dict]:
+def train(tmp_path, name: str, url: str, model: str, *more: str) -> tuple[dict, dict]:
     overrides = [
         *TINY,
         f"run.output_dir={tmp_path}",
         f"run.name={name}",
         rubric_override(url, model, str(tmp_path / "judge.sqlite")),
+        *more,
     ]
     summary = run_training(load_config(None, overrides))
     lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
@@ -60,7 +63,13 @@ def train(tmp_path, name: str, url: str, model: str) -> tuple[dict, dict]:
 
 def test_tiny_random_judge_over_http_scores_are_invalid_and_not_trained_on(tmp_path):
     with start_server("tiny-random") as server:
-        summary, metrics = train(tmp_path, "tiny-judge", server.url, server.model)
+        # the failure budget stops a run whose judge gives nothing usable, before it
+        # generates: the preflight's reference answers are all invalid
+        with pytest.raises(FailureBudgetExceeded, match="grader invalid in 8/8 reference"):
+            train(tmp_path, "stopped", server.url, server.model)
+        # with the budget off, the step runs and its invalid scores train nothing
+        summary, metrics = train(tmp_path, "tiny-judge", server.url, server.model,
+                                 "run.max_failure_rate=1")  # fmt: skip
     assert summary["steps"] == 1 and summary["rollouts"] == 8
     assert metrics["grade/status_invalid"] == 8  # garbage verdicts: invalid, never 0
     assert metrics["train/skipped"] == 1 and summary["rollouts_trained"] == 0
@@ -85,7 +94,9 @@ def test_standin_judge_gives_valid_varied_scores_and_an_update(tmp_path):
     engine = ScriptedEngine(hashed_judge)
     with start_server(engine) as server:
         summary, metrics = train(tmp_path, "standin", server.url, server.model)
-    assert 1 <= engine.calls <= 8  # identical samples share one call
+    # identical samples share one call: at most 8 for the step's samples, and at most 8
+    # for the grader preflight's reference answers
+    assert 1 <= engine.calls <= 16
     assert "grade/status_invalid" not in metrics
     assert metrics["rollout/groups_informative"] >= 1
     assert "train/skipped" not in metrics and metrics["optim/grad_norm"] > 0
