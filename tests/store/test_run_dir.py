@@ -105,10 +105,38 @@ def test_claim_and_describe(tmp_path):
 
 
 def test_resume_changes_split_meaning_from_harmless():
-    stored = {"model": {"name": "m", "generation_dtype": "bf16"}, "run": {"steps": 2, "seed": 0},
-              "eval": {"every": 0}, "rollout": {"group_size": 8, "workers": 0}}  # fmt: skip
-    new = {"model": {"name": "m", "generation_dtype": "auto"}, "run": {"steps": 5, "seed": 1},
-           "eval": {"every": 2}, "rollout": {"group_size": 4, "workers": 2}}  # fmt: skip
+    """A run's config.toml holds the precision it resolved ("bf16", True); a resume whose
+    config leaves them at "auto" changes nothing."""
+    stored = {"model": {"name": "m", "generation_dtype": "bf16", "autocast_bf16": True},
+              "run": {"steps": 2, "seed": 0}, "eval": {"every": 0},
+              "rollout": {"group_size": 8, "workers": 0}}  # fmt: skip
+    new = {"model": {"name": "m", "generation_dtype": "auto", "autocast_bf16": "auto"},
+           "run": {"steps": 5, "seed": 1}, "eval": {"every": 2},
+           "rollout": {"group_size": 4, "workers": 2}}  # fmt: skip
     meaning, harmless = resume_changes(stored, new)
     assert meaning == {"rollout.group_size": (8, 4), "run.seed": (0, 1)}
     assert harmless == {"eval.every": (0, 2), "rollout.workers": (0, 2), "run.steps": (2, 5)}
+
+
+def test_resume_with_the_runs_own_config_file_is_no_change(tmp_path):
+    """`rldojo train CONFIG --resume RUN` with the file the run started from: its "auto"
+    precision keys were resolved into RUN/config.toml, which is not a change."""
+    auto = [o for o in TINY if not o.startswith("model.autocast_bf16")]
+    toml = tmp_path / "c.toml"
+    sections: dict[str, list[str]] = {}
+    for item in [*auto, f"run.output_dir={tmp_path}", "run.steps=1"]:
+        key, value = item.split("=", 1)
+        section, name = key.split(".", 1)
+        literal = (
+            value if value[:1] in "[0123456789" or value in ("true", "false") else f'"{value}"'
+        )
+        sections.setdefault(section, []).append(f"{name} = {literal}")
+    toml.write_text("".join(f"[{s}]\n" + "\n".join(v) + "\n" for s, v in sections.items()))
+    assert CliRunner().invoke(app, ["train", str(toml)]).exit_code == 0
+    run = tmp_path / "same"
+    assert "autocast_bf16 = " in (run / "config.toml").read_text()  # resolved there
+    result = CliRunner().invoke(app, ["train", str(toml), "--resume", str(run),
+                                      "--set", "run.steps=2"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    last = json.loads((run / "config_history.jsonl").read_text().splitlines()[-1])
+    assert last["changed"] == {"run.steps": [1, 2]}

@@ -44,7 +44,7 @@ MEANING_KEYS = (
 them, from which tasks and draw order, how they were sampled, graded and grouped. A
 resume that changes one is refused unless forced; every other key may change."""
 
-_RESOLVED = {"model.generation_dtype": "auto", "model.autocast_bf16": None,
+_RESOLVED = {"model.generation_dtype": "auto", "model.autocast_bf16": "auto",
              "rollout.worker_threads": None}  # fmt: skip
 """Keys a run writes resolved for its machine (`config.toml` records `bf16`, not `auto`):
 a resume that leaves them at their automatic value changes nothing."""
