@@ -6,7 +6,8 @@ The bottom layer under code that must not take the trainer down with it (only st
 - `process`: `WorkerProcess`, one worker: calls with timeouts, kills, and whose call a
   death is blamed on;
 - `outcomes`: the errors a call can end in, and the counters of a pool;
-- `child`: the worker's own main loop, in a fresh interpreter.
+- `child`: the worker's own main loop, in a fresh interpreter;
+- `spawn`: how that interpreter is started (its environment, and where its output goes).
 
 Its users: grader isolation (`rldojo.graders.isolation`: one call per worker at a time,
 math-verify and user graders) and environment workers (`rldojo.rollout.env_workers`:

@@ -36,11 +36,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 from rldojo.workers.child import READY, ErrorInfo, RunningCall
@@ -52,37 +50,11 @@ from rldojo.workers.outcomes import (
     WorkerStartTimeout,
     describe_exit,
 )
+from rldojo.workers.spawn import shared_fd, spawn
 
 log = logging.getLogger("rldojo.workers")
 
 _Waiter = tuple["asyncio.Future[Any]", asyncio.AbstractEventLoop]
-
-
-_CHILD_CODE = "import sys; from rldojo.workers.child import main; main(sys.argv[1:])"
-"""The child's command line (not ``-m``: this package has imported the module already)."""
-
-
-def _child_environ() -> dict[str, str]:
-    """The parent's environment, with rldojo's own location on PYTHONPATH: the child must
-    import `rldojo.workers.child` before it gets the parent's ``sys.path`` (that works
-    even when rldojo was put on ``sys.path`` at run time, not installed)."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # .../src, the folder holding rldojo/
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([*paths, root])
-    return env
-
-
-def _shared_fd() -> int:
-    """A file descriptor of 8 bytes of memory to share with a child."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("rldojo-worker-running")
-    else:  # not Linux: an unlinked temporary file does the same
-        with tempfile.TemporaryFile() as f:
-            fd = os.dup(f.fileno())
-    os.ftruncate(fd, 8)
-    return fd
 
 
 def _wake(waiter: _Waiter, value: Any, error: BaseException | None) -> None:
@@ -111,6 +83,8 @@ class WorkerProcess:
             that started it, even while a call holds the GIL. Only for parents whose
             starting thread lives as long as they do.
         counters: where to count what happens (a pool shares one among its workers).
+        output: a file the child's stdout and stderr are appended to (None: the parent's;
+            `rldojo.workers.spawn`).
     """
 
     _ids = itertools.count()  # request ids, unique in this parent
@@ -118,23 +92,16 @@ class WorkerProcess:
     def __init__(
         self, name: str, *, init_blob: bytes = pickle.dumps((None, ())),
         start_timeout_s: float = 120.0, die_with_parent: bool = False,
-        counters: Counters | None = None,
+        counters: Counters | None = None, output: str | os.PathLike[str] | None = None,
     ) -> None:  # fmt: skip
         self.name, self.start_timeout_s = name, start_timeout_s
         self.counters = counters if counters is not None else Counters()
         mine, theirs = socket.socketpair()
-        mem = _shared_fd()
+        mem = shared_fd()
         try:
             self.running = RunningCall(mem)
             self.running.set(-1)
-            fd = theirs.fileno()
-            args = [str(fd), str(mem), str(os.getpid()), str(int(die_with_parent))]
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_CODE, *args],
-                pass_fds=(fd, mem), stdin=subprocess.DEVNULL, close_fds=True,
-                env=_child_environ(),
-                start_new_session=True,  # its own group: killed with what it started
-            )  # fmt: skip
+            self.process = spawn(theirs.fileno(), mem, die_with_parent, output)
         finally:
             theirs.close()  # so that the child's death reads as EOF here
             os.close(mem)  # the mapping stays
@@ -365,6 +332,14 @@ class WorkerProcess:
             log.warning("killing %s (pid %s): %s", self.name, self.pid, why)
             self.counters.killed += 1
             self._kill_group()
+
+    def terminate(self) -> None:
+        """SIGTERM the worker alone, not what it started: a request to stop at its next
+        safe point (its function may handle it; else it dies and its calls get
+        `WorkerDied`). What it started keeps serving it until it exits."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
 
     def kill_and_wait(self, why: str, timeout_s: float = 30.0) -> None:
         """`kill`, then wait until the child is reaped and its calls are woken."""
