@@ -35,6 +35,7 @@ def wait_for(condition, timeout_s: float = 120.0, what: str = "condition", every
 
 class ServiceProcess:
     def __init__(self, data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
         env = dict(
             os.environ, **(env or {}), RLDOJO_API_KEYS=f"{KEY_A},{KEY_B}", PYTHONUNBUFFERED="1"
         )

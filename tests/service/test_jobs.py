@@ -3,6 +3,9 @@ real service subprocess with real worker processes and real `tiny-random` traini
 
 from __future__ import annotations
 
+import json
+import re
+
 import openai
 import pytest
 from service.helpers import (
@@ -56,9 +59,19 @@ def test_rft_job_succeeds_and_its_model_serves(service, tmp_path, grader):
 
     table = results(client, done)  # step_metrics.csv, one row per step
     assert table[0] == ["step", "train_reward", "train_reward_std", "train_pass_rate",
-                        "valid_reward", "valid_accuracy"]  # fmt: skip
+                        "valid_reward", "valid_accuracy", "train_groups_informative"]  # fmt: skip
     assert [r[0] for r in table[1:]] == ["1", "2"] and all(r[1] != "" for r in table[1:])
     assert all(r[4] == r[5] == "" for r in table[1:])  # no validation file
+    informative = sum(int(r[6]) > 0 for r in table[1:])  # steps whose groups taught
+    assert f"; {informative} of 2 steps carried learning signal" in events[0].message
+    assert events[0].data["steps_with_signal"] == informative
+
+    (check,) = [e for e in events if "signal" in e.data]  # before step 1, on the base model
+    assert check.message.startswith("Learning-signal check: the base model passes ")
+    signal = check.data["signal"]
+    assert signal["samples"] == 16 and signal["groups"] == 4  # 4 prompts x 4 samples
+    assert 0 <= signal["passed"] <= 16 and 0 <= signal["groups_with_variance"] <= 4
+    assert (check.level == "warn") == (signal["groups_with_variance"] * 4 < 4)
 
     models = {m.id for m in client.models.list().data}
     assert {"tiny-random", done.fine_tuned_model, ckpts[1].fine_tuned_model_checkpoint} <= models
@@ -119,26 +132,56 @@ def test_cancel_stops_the_worker_and_leaves_no_process(service, tmp_path):
     assert again.fine_tuned_model is None and again.finished_at
 
 
-def test_pause_then_resume_continues_from_the_checkpoint(service, tmp_path):
+def test_pause_checkpoints_the_step_it_stopped_at_and_resume_goes_on_from_it(service, tmp_path):
     client = service.client()
     file = upload(client, tmp_path)
-    job = create_job(client, file.id, grader=PYTHON, hyper={**FAST, "n_epochs": 10})
+    hyper = {**FAST, "n_epochs": 10, "eval_interval": 1000}  # no periodic checkpoint: 20 steps
+    job = create_job(client, file.id, grader=PYTHON, hyper=hyper)
     wait_for(
-        lambda: client.fine_tuning.jobs.checkpoints.list(job.id).data, 120, "a first checkpoint"
+        lambda: any(e.type == "metrics" for e in client.fine_tuning.jobs.list_events(job.id).data),
+        120,
+        "a first step",
     )
-    paused = client.fine_tuning.jobs.pause(job.id)
+    paused = client.fine_tuning.jobs.pause(job.id)  # returns once the worker is gone
     assert paused.status == "paused"
     assert not worker_pids(service.proc.pid)
-    at_pause = {c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data}
-    assert client.fine_tuning.jobs.retrieve(job.id).status == "paused"
+    messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
+    (line,) = [m for m in messages if m.startswith("interrupted at step ")]
+    step = int(re.match(r"interrupted at step (\d+); checkpoint step_(\d+)", line).group(1))
+    assert 1 <= step < 20 and f"checkpoint step_{step:06d}" in line
+    run = service.data_dir / "jobs" / job.id
+    assert [p.name for p in (run / "checkpoints").glob("step_*")] == [f"step_{step:06d}"]
+    at_pause = (run / "metrics.jsonl").read_text()
+    assert [json.loads(ln)["step"] for ln in at_pause.splitlines()] == list(range(1, step + 1))
+    listed = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in listed] == [step]
+
     assert client.fine_tuning.jobs.resume(job.id).status == "queued"
     done = wait_status(client, job.id, "succeeded", "failed")
     assert done.status == "succeeded", done.error
-    listed = client.fine_tuning.jobs.checkpoints.list(job.id, limit=100).data
-    steps = {c.step_number for c in listed}
-    assert at_pause < steps and max(steps) == 20
+    after = (run / "metrics.jsonl").read_text()
+    assert after.startswith(at_pause)  # the steps before the pause were not redone
+    assert [json.loads(ln)["step"] for ln in after.splitlines()] == list(range(1, 21))
     messages = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
     assert "Job paused" in messages and "Fine-tuning job resumed" in messages
+
+
+def test_only_the_newest_checkpoints_are_kept(service, tmp_path):
+    client = service.client()
+    file = upload(client, tmp_path)
+    job = create_job(client, file.id, hyper={**FAST, "n_epochs": 3})  # 6 steps, one ckpt each
+    done = wait_status(client, job.id, "succeeded", "failed")
+    assert done.status == "succeeded", done.error
+    kept = sorted(p.name for p in (service.data_dir / "jobs" / job.id / "checkpoints").iterdir())
+    assert kept == ["step_000005", "step_000006"]  # keep_checkpoints = 2; 6 is the model
+    listed = client.fine_tuning.jobs.checkpoints.list(job.id, limit=100).data
+    assert [c.step_number for c in listed] == [6, 5]
+    models = {m.id for m in client.models.list().data}
+    assert f"{done.fine_tuned_model}:ckpt-step-5" in models
+    assert f"{done.fine_tuned_model}:ckpt-step-4" not in models
+    events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
+    created = [e.data["step"] for e in events if e.message.startswith("Checkpoint created")]
+    assert sorted(created) == [1, 2, 3, 4, 5, 6]  # each was announced when written
 
 
 def test_jobs_list_is_paginated_newest_first(service, tmp_path):

@@ -3,10 +3,12 @@
     POST   /v1/files                          multipart `file` + `purpose=fine-tune`
     GET    /v1/files, /v1/files/{id}, /v1/files/{id}/content;  DELETE /v1/files/{id}
                                               (also a job's results, `fine-tune-results`)
-    POST   /v1/fine_tuning/jobs               create (validated here, files at job start)
+    POST   /v1/fine_tuning/jobs               create (validated here, the grader tried on
+                                              the first rows; files at job start)
     GET    /v1/fine_tuning/jobs               newest first; `after` (a job id), `limit`
     GET    /v1/fine_tuning/jobs/{id}
     POST   /v1/fine_tuning/jobs/{id}/cancel | pause | resume
+                                              (pause: the run checkpoints its last step)
     GET    /v1/fine_tuning/jobs/{id}/events   newest first; `after` (an event id), `limit`
     GET    /v1/fine_tuning/jobs/{id}/checkpoints
 
@@ -277,8 +279,8 @@ def jobs_router(
                 to
             ],
         )
-        if to != "queued":
-            scheduler.stop(job_id, f"job {to}")  # the worker is gone when this returns
+        if to != "queued":  # the worker is gone when this returns; a pause lets it save
+            scheduler.stop(job_id, f"job {to}", graceful=to == "paused")
         return job_json(state.job(who, job_id) or row)
 
     @r.post("/fine_tuning/jobs/{job_id}/cancel")

@@ -5,7 +5,9 @@
     POST /v1/chat/completions          any of them, through `rldojo serve`'s engine and
                                        request handling (`rldojo.serve.app`)
     POST /v1/completions               a raw prompt (no chat template)
-    POST /v1/fine_tuning/alpha/graders/validate   {grader} -> {grader} or 400
+    POST /v1/fine_tuning/alpha/graders/validate   {grader} -> {grader} or 400; with an
+                                       `item` (and `model_sample`), also graded: a grader
+                                       that errors on it is a 400 (`grader_failures`)
     POST /v1/fine_tuning/alpha/graders/run        {grader, model_sample, item} -> reward,
                                        sub_rewards and OpenAI's error flags
 
@@ -37,7 +39,7 @@ from rldojo.serve.app import (
     _stream_response,
 )
 from rldojo.serve.engine import TransformersEngine
-from rldojo.service.errors import not_found
+from rldojo.service.errors import ApiError, not_found
 from rldojo.service.judge import load_grader
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
@@ -149,6 +151,18 @@ def _grade_json(grader: Any, score: Any, wall_s: float) -> dict[str, Any]:
     }
 
 
+async def _grade(grader: Any, body: _GraderIn) -> tuple[Any, Any, float]:
+    """(grader, score, seconds) of `body.model_sample` graded against `body.item`."""
+    from rldojo.graders.offline import GradeRow, row_task_rollout
+
+    task, rollout = row_task_rollout(
+        GradeRow(1, dict(body.item), {"output_text": body.model_sample}, {})
+    )
+    t0 = time.perf_counter()
+    score = await grader.grade(rollout, task)
+    return grader, score, time.perf_counter() - t0
+
+
 class _GraderIn(BaseModel):
     model_config = ConfigDict(extra="allow")
     grader: dict[str, Any]
@@ -240,20 +254,25 @@ def models_router(
     @r.post("/fine_tuning/alpha/graders/validate")
     async def validate(body: _GraderIn, who: str = Depends(owner)) -> dict[str, Any]:
         grader = await asyncio.to_thread(load_grader, body.grader, settings, "grader")
-        await grader.close()
+        try:
+            if body.item:  # the preflight of job creation, on the caller's item
+                _, score, _ = await _grade(grader, body)
+                if score.status == "error":
+                    raise ApiError(
+                        400,
+                        f"grader: the grader failed on the item: {score.explanation}",
+                        param="grader",
+                        code="grader_failures",
+                    )
+        finally:
+            await grader.close()
         return {"grader": body.grader}
 
     @r.post("/fine_tuning/alpha/graders/run")
     async def run(body: _GraderIn, who: str = Depends(owner)) -> dict[str, Any]:
-        from rldojo.graders.offline import GradeRow, row_task_rollout
-
         grader = await asyncio.to_thread(load_grader, body.grader, settings, "grader")
         try:
-            row = GradeRow(1, dict(body.item), {"output_text": body.model_sample}, {})
-            task, rollout = row_task_rollout(row)
-            t0 = time.perf_counter()
-            score = await grader.grade(rollout, task)
-            return _grade_json(grader, score, time.perf_counter() - t0)
+            return _grade_json(*await _grade(grader, body))
         finally:
             await grader.close()
 

@@ -1,8 +1,9 @@
 """A fine-tuning job request, checked, and the rldojo training config it becomes.
 
 `parse_create(body, ...)` checks `POST /v1/fine_tuning/jobs` (model allowed, files owned,
-method, grader spec loadable, hyperparameters typed) and raises `ApiError(400)` naming
-the field. A request without `method` is supervised (OpenAI's default), with the legacy
+method, grader spec loadable, hyperparameters typed, the grader able to score the first
+training rows: `rldojo.service.preflight.grader_preflight`) and raises `ApiError(400)`
+naming the field. A request without `method` is supervised (OpenAI's default), with the legacy
 top-level `hyperparameters`.
 
 Reinforcement (`method.type = "reinforcement"`): `resolve_hyperparameters` turns OpenAI's
@@ -47,6 +48,7 @@ from typing import Any
 from rldojo.config import TrainConfig
 from rldojo.service.errors import ApiError
 from rldojo.service.judge import validate_grader
+from rldojo.service.preflight import grader_preflight
 from rldojo.service.rft_env import ENV_ID
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
@@ -171,6 +173,9 @@ def parse_create(
     ):
         raise _bad("metadata: expected string keys (<=64) and string values (<=512)", "metadata")
     method = _method(body, settings)
+    row = state.file(owner, training)
+    if method["type"] == "reinforcement" and row is not None:  # can the grader score rows?
+        grader_preflight(method["reinforcement"]["grader"], row["path"], row["filename"], settings)
     return {
         "model": model,
         "training_file": training,

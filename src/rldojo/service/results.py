@@ -4,16 +4,19 @@
 kind wins: a resumed run may log a step again) and, for a supervised job,
 `RUN/validation.json`:
 
-    reinforcement  step,train_reward,train_reward_std,train_pass_rate,valid_reward,valid_accuracy
-                   (valid_*: the evaluation on the validation file at that step; step 0
-                   is the evaluation before training)
+    reinforcement  step,train_reward,train_reward_std,train_pass_rate,valid_reward,
+                   valid_accuracy,train_groups_informative (valid_*: the evaluation on the
+                   validation file at that step, step 0 the one before training;
+                   train_groups_informative: the step's groups whose rewards differed,
+                   the ones GRPO learns from; a step with none carried no signal)
     supervised     step,train_loss,train_tokens,learning_rate,full_valid_loss,
                    full_valid_mean_token_accuracy (full_valid_*: the last step, with a
                    validation file)
 
 An empty cell is a value that step does not have. `write_results_file` stores it as a
 service file (`purpose = "fine-tune-results"`, owned by the job's key) whose id the job
-lists in `result_files`; `sft_trained_tokens` sums the assistant tokens a supervised job
+lists in `result_files`; `signal_steps` counts a reinforcement job's steps that carried
+learning signal; `sft_trained_tokens` sums the assistant tokens a supervised job
 trained on.
 """
 
@@ -28,7 +31,7 @@ from typing import Any
 
 from rldojo.service.state import ServiceState, new_id
 
-__all__ = ["results_csv", "sft_trained_tokens", "write_results_file"]
+__all__ = ["results_csv", "sft_trained_tokens", "signal_steps", "write_results_file"]
 
 RESULTS_PURPOSE = "fine-tune-results"
 
@@ -39,6 +42,7 @@ _COLUMNS = {
         "train_pass_rate": ("train", "reward/pass_rate"),
         "valid_reward": ("eval", "eval/mean_reward"),
         "valid_accuracy": ("eval", "eval/accuracy"),
+        "train_groups_informative": ("train", "rollout/groups_informative"),
     },
     "supervised": {
         "train_loss": ("sft", "sft/loss"),
@@ -90,6 +94,12 @@ def sft_trained_tokens(run_dir: Path) -> int:
     return sum(
         int(r.get("sft/tokens") or 0) for (k, _), r in _records(run_dir).items() if k == "sft"
     )
+
+
+def signal_steps(run_dir: Path) -> tuple[int, int]:
+    """(steps with `rollout/groups_informative` > 0, steps) of a reinforcement run."""
+    train = [r for (k, _), r in _records(run_dir).items() if k == "train"]
+    return sum(1 for r in train if (r.get("rollout/groups_informative") or 0) > 0), len(train)
 
 
 def write_results_file(state: ServiceState, files_dir: Path, job: dict[str, Any]) -> str:

@@ -4,10 +4,10 @@ An RFT row is ``{"messages": [{"role": ..., "content": ...}, ...], <any other fi
 the messages are the prompt, the other fields are what the grader reads as
 ``{{item.field}}``. `read_rft_rows(path, name, spec)` checks every row up front and raises
 `DataError` naming the file, line and field (a row without `messages`, a message without
-a string `content`, a field the grader references that the row lacks); `RftEnv` poses the
-rows of the training file (split `train`) and of the validation file (split `test`). The
-job's grader spec replaces the environment's grader (`grader.spec` in the job's config),
-so `default_grader` is never asked for.
+a string `content`, a field the grader references that the row lacks); `row_task` makes
+one row a `Task`; `RftEnv` poses the rows of the training file (split `train`) and of the
+validation file (split `test`). The job's grader spec replaces the environment's grader
+(`grader.spec` in the job's config), so `default_grader` is never asked for.
 
 The trainer builds it from its config as ``env.id = "rldojo.service.rft_env:RftEnv"``.
 """
@@ -25,7 +25,7 @@ from rldojo.graders.openai_templates import TemplateError, lookup
 from rldojo.graders.template_check import spec_templates
 from rldojo.types import Task
 
-__all__ = ["ENV_ID", "RftEnv", "read_rft_rows"]
+__all__ = ["ENV_ID", "RftEnv", "read_rft_rows", "row_task"]
 
 ENV_ID = "rldojo.service.rft_env:RftEnv"
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -91,6 +91,19 @@ def read_rft_rows(
     return rows
 
 
+def row_task(line: int, row: Mapping[str, Any], split: str, where: str) -> Task:
+    """The task of one checked row (`DataError` for bad messages): the messages are the
+    prompt, every field of the row is the grader's `item`."""
+    answer = row.get("answer", row.get("reference_answer"))
+    return Task(
+        id=f"{split}-{line}",
+        prompt=_check_messages(row, where, line),
+        info=dict(row),
+        env=ENV_ID,
+        answer=None if answer is None else str(answer),
+    )
+
+
 class RftEnv(SingleTurnEnv):
     """Tasks from RFT files (module docstring).
 
@@ -118,21 +131,7 @@ class RftEnv(SingleTurnEnv):
 
     @staticmethod
     def _tasks(path: str, name: str | None, split: str) -> list[Task]:
-        tasks = []
-        for line, row in read_rft_rows(path, name):
-            messages = _check_messages(row, name or path, line)
-            info = dict(row)  # the grader's `item`: every field of the row
-            answer = row.get("answer", row.get("reference_answer"))
-            tasks.append(
-                Task(
-                    id=f"{split}-{line}",
-                    prompt=messages,
-                    info=info,
-                    env=ENV_ID,
-                    answer=None if answer is None else str(answer),
-                )
-            )
-        return tasks
+        return [row_task(line, row, split, name or path) for line, row in read_rft_rows(path, name)]
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
         tasks = list(self._splits.get(split, []))

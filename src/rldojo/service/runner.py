@@ -28,7 +28,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["clear_sft_run", "run_job", "run_sft_job", "trained_tokens"]
+__all__ = [
+    "clear_sft_run",
+    "config_of",
+    "run_job",
+    "run_sft_job",
+    "trained_tokens",
+    "use_judge_key",
+]
 
 VALIDATION = "validation.json"
 
@@ -52,7 +59,8 @@ def trained_tokens(run_dir: Path) -> int:
         db.close()
 
 
-def _config(config_toml: str) -> Any:
+def config_of(config_toml: str) -> Any:
+    """The `TrainConfig` of a job's `config.toml` text."""
     from rldojo.config import load_config
 
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
@@ -63,21 +71,26 @@ def _config(config_toml: str) -> Any:
         Path(f.name).unlink()
 
 
+def use_judge_key(judge_api_key: str | None) -> None:
+    """Put the judge key into this worker's environment, where the loader reads it."""
+    from rldojo.service.judge import JUDGE_KEY_ENV
+
+    if judge_api_key:
+        os.environ[JUDGE_KEY_ENV] = judge_api_key
+
+
 def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) -> dict[str, Any]:
     """Train (or resume) the reinforcement job; returns the run's summary. `judge_api_key`
     goes into this worker's environment (`RLDOJO_JUDGE_API_KEY`), where the judge table
     of the config's grader spec says to read it (and the processes it starts inherit it)."""
     from rich.console import Console
 
-    from rldojo.service.judge import JUDGE_KEY_ENV
     from rldojo.train.loop import run_training
 
-    if judge_api_key:
-        os.environ[JUDGE_KEY_ENV] = judge_api_key
-
+    use_judge_key(judge_api_key)
     run = Path(run_dir)
     resume = (run / "config.toml").exists()
-    config = _config(config_toml)
+    config = config_of(config_toml)
     run.mkdir(parents=True, exist_ok=True)
     with (run / "train.log").open("a") as log:
         console = Console(file=log, width=120, force_terminal=False)
@@ -91,8 +104,7 @@ def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) ->
 
 def clear_sft_run(run: Path) -> None:
     """Remove what an earlier attempt of a supervised job wrote (it starts over)."""
-    for old in ("config.toml", "config_history.jsonl", "metrics.jsonl", "summary.json",
-                VALIDATION):
+    for old in ("config.toml", "config_history.jsonl", "metrics.jsonl", "summary.json", VALIDATION):
         (run / old).unlink(missing_ok=True)
     shutil.rmtree(run / "checkpoints", ignore_errors=True)
 
@@ -108,7 +120,7 @@ def run_sft_job(
     from rldojo.train.sft import run_sft
 
     run = Path(run_dir)
-    config = _config(config_toml)
+    config = config_of(config_toml)
     clear_sft_run(run)  # the scheduler did already; a direct call starts clean too
     run.mkdir(parents=True, exist_ok=True)
     stored = str(config.sft.data)

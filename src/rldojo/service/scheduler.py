@@ -13,14 +13,24 @@ One thread with its own event loop (`Scheduler.start`). Every `poll_s` it
    never written to the run's config) or `run_sft_job` (supervised);
 3. turns what running jobs write in their run directories into events (each step's
    reward or loss, evaluations) and checkpoints (`rldojo.service.watch`);
-4. on success, stores the results CSV as a file listed in the job's `result_files`
-   (`rldojo.service.results`).
+4. records how each job's worker call ended (`rldojo.service.outcomes`): succeeded with
+   its results file, failed with OpenAI's error object (`grader_failures` when the run
+   could not score its rollouts), paused at a checkpoint.
 
-Cancel and pause change the job's status in SQLite first, then `stop(job_id)` kills its
-worker's process group and waits for it to be reaped. At start-up, jobs the previous
-service left `running` are queued again; their run directories resume from the newest
-checkpoint (`rldojo train --resume`), so a `kill -9` of the service costs at most the
-step in flight; a supervised job, which checkpoints only at its end, starts over.
+A new reinforcement job's worker first runs the learning-signal check
+(`rldojo.service.preflight.signal_check`, bounded by `signal_timeout_s`; a check that
+fails or runs out of time is skipped, with an event, and a killed worker is replaced).
+A worker's stdout and stderr are appended to its job's `RUN/train.log`.
+
+Cancel and pause change the job's status in SQLite first, then `stop(job_id)`. Cancel
+kills the worker's process group and waits for it to be reaped. Pause sends SIGTERM to
+the worker alone: the run saves a checkpoint of the step it finished and raises
+`RunInterrupted`, whose line becomes an event; `stop` waits for the worker to be gone
+(`pause_timeout_s`, then it kills it), so a resumed job continues from the paused step.
+At start-up, jobs the previous service left `running` are queued again; their run
+directories resume from the newest checkpoint (`rldojo train --resume`), so a `kill -9`
+of the service costs at most the steps since it; a supervised job, which checkpoints
+only at its end, starts over.
 """
 
 from __future__ import annotations
@@ -28,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,22 +51,19 @@ from rldojo.service.job_spec import (
     train_config,
 )
 from rldojo.service.judge import checked_spec, judge_table
-from rldojo.service.results import sft_trained_tokens, write_results_file
+from rldojo.service.outcomes import JobOutcomes
+from rldojo.service.preflight import signal_check, signal_event
 from rldojo.service.rft_env import read_rft_rows
-from rldojo.service.runner import clear_sft_run, run_job, run_sft_job, trained_tokens
+from rldojo.service.runner import clear_sft_run, run_job, run_sft_job
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.sft_data import read_sft_rows
 from rldojo.service.state import ServiceState
 from rldojo.service.watch import RunWatcher, model_name
-from rldojo.workers import CallError, WorkerDied, WorkerProcess
+from rldojo.workers import CallError, CallTimeout, WorkerDied, WorkerProcess
 
 __all__ = ["Scheduler", "model_name"]
 
 log = logging.getLogger("rldojo.service")
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    return " ".join(str(text).split())[:limit]
 
 
 class Scheduler:
@@ -68,7 +74,11 @@ class Scheduler:
         self.jobs_dir = settings.data_dir / "jobs"
         self._workers: dict[str, WorkerProcess] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.watcher = RunWatcher(state)
+        self._done: dict[str, threading.Event] = {}  # set once a job's worker is gone
+        self._stopping: set[str] = set()  # jobs whose worker was asked to stop (SIGTERM)
+        self.watcher = RunWatcher(state, settings.keep_checkpoints)
+        self.outcomes = JobOutcomes(settings, state, self.watcher)
+        self._fail = self.outcomes.fail
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -110,12 +120,35 @@ class Scheduler:
         for task in list(self._tasks.values()):
             task.cancel()
 
-    def stop(self, job_id: str, why: str) -> None:
-        """Kill the job's worker (its whole process group) and wait until it is reaped."""
+    def stop(self, job_id: str, why: str, *, graceful: bool = False) -> None:
+        """Stop the job's worker and wait until it is gone. `graceful` (a pause): SIGTERM,
+        so the run checkpoints the step it finished; killed after `pause_timeout_s`.
+        Else: kill its whole process group at once."""
+        with self._lock:
+            worker, done = self._workers.get(job_id), self._done.get(job_id)
+        if worker is None:
+            return
+        timeout = self.settings.pause_timeout_s
+        if graceful and done is not None:
+            self._terminate(job_id)
+            if done.wait(timeout):
+                return
+            self.state.add_event(
+                job_id,
+                f"The job's worker did not stop within {timeout:g}s of SIGTERM; killed it "
+                "(the job resumes from its newest checkpoint)",
+                level="warn",
+            )
+        worker.kill_and_wait(why)
+
+    def _terminate(self, job_id: str) -> None:
+        """SIGTERM the job's worker, once (the API's pause and a tick may both ask)."""
         with self._lock:
             worker = self._workers.get(job_id)
-        if worker is not None:
-            worker.kill_and_wait(why)
+            if worker is None or job_id in self._stopping:
+                return
+            self._stopping.add(job_id)
+        worker.terminate()
 
     def running(self) -> list[str]:
         with self._lock:
@@ -128,13 +161,17 @@ class Scheduler:
             self._validate(job)
         for job_id in self.running():
             current = self.state.job(None, job_id)
-            if current is not None and current["status"] != "running":  # paused, cancelled
+            if current is not None and current["status"] == "paused":  # the API waits on it
+                self._terminate(job_id)
+            elif current is not None and current["status"] != "running":  # cancelled
                 self.stop(job_id, f"job {current['status']}")
             elif current is not None:
                 self.watcher.watch(current)
         for job in self.state.jobs_in("queued"):
             if len(self.running()) >= self.settings.max_concurrent_jobs:
                 break
+            if job["id"] in self.running():  # resumed while its old worker still stops
+                continue
             if self.state.update_job(job["id"], status="running", only_from=("queued",)):
                 self._launch(self.state.job(None, job["id"]) or job)
 
@@ -189,14 +226,6 @@ class Scheduler:
                 data={"hyperparameters": hyper},
             )
 
-    def _fail(self, job_id: str, code: str, message: str, only_from: tuple[str, ...]) -> None:
-        line = _one_line(message)
-        error = {"code": code, "message": line, "param": None}
-        if self.state.update_job(
-            job_id, status="failed", error=error, finished_at=int(time.time()), only_from=only_from
-        ):
-            self.state.add_event(job_id, f"Job failed: {line}", level="error")
-
     # ---------------------------------------------------------------- running
 
     def _work(self, job: dict[str, Any], run_dir: Path) -> tuple[Callable[..., Any], tuple]:
@@ -224,26 +253,66 @@ class Scheduler:
             self._fail(job_id, "invalid_config", f"{type(exc).__name__}: {exc}", ("running",))
             return
         self.state.update_job(job_id, run_dir=str(run_dir), attempts=job["attempts"] + 1)
+        check = None
         if not (run_dir / "config.toml").exists():
             started = "Fine-tuning job started"
+            if fn is run_job and self.settings.signal_prompts > 0:
+                s = self.settings
+                check = (args[0], args[2], s.signal_prompts, s.signal_samples, s.signal_max_tokens)
         elif job["method"]["type"] == "supervised":
             clear_sft_run(run_dir)  # before the watcher reads the run directory again
+            old = [c["step"] for c in self.state.checkpoints(job_id)]  # e.g. saved at a pause
+            if old:
+                self.state.delete_checkpoints(job_id, old)
             started = "Fine-tuning job restarted from its first step (supervised jobs save "
             started += "their checkpoint at the end)"
         else:
             started = "Fine-tuning job resumed"
         self.watcher.reset(job_id)
         self.state.add_event(job_id, started)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._stopping.discard(job_id)
+            self._done[job_id] = threading.Event()
+        worker = self._new_worker(job_id, run_dir)
+        self._tasks[job_id] = asyncio.get_running_loop().create_task(
+            self._run(job_id, worker, fn, args, run_dir, check)
+        )
+
+    def _new_worker(self, job_id: str, run_dir: Path) -> WorkerProcess:
+        """A worker for the job, its output appended to the job's `train.log`."""
         worker = WorkerProcess(
             f"job-{job_id}",
             start_timeout_s=self.settings.worker_start_timeout_s,
             die_with_parent=True,  # the scheduler thread lives as long as the service
+            output=run_dir / "train.log",
         )
         with self._lock:
             self._workers[job_id] = worker
-        self._tasks[job_id] = asyncio.get_running_loop().create_task(
-            self._run(job_id, worker, fn, args, run_dir)
-        )
+        return worker
+
+    async def _check_signal(
+        self, job_id: str, worker: WorkerProcess, args: tuple, run_dir: Path
+    ) -> WorkerProcess | None:
+        """The learning-signal check on the job's worker; returns the worker to train on
+        (a new one when the check's was killed), None when the job stopped meanwhile."""
+        try:
+            result = await worker.call(
+                signal_check, args, timeout_s=self.settings.signal_timeout_s,
+                label="the learning-signal check",
+            )  # fmt: skip
+        except (CallError, CallTimeout, WorkerDied) as exc:
+            message, level, data = f"Learning-signal check skipped: {exc}", "warn", {}
+        else:
+            (message, level), data = signal_event(result), {"signal": result}
+        current = self.state.job(None, job_id)
+        if current is None or current["status"] != "running":
+            return None
+        self.state.add_event(job_id, message, level=level, data=data)
+        if worker.is_alive():
+            return worker
+        await asyncio.to_thread(worker.close, 1.0)
+        return self._new_worker(job_id, run_dir)
 
     async def _run(
         self,
@@ -252,63 +321,31 @@ class Scheduler:
         fn: Callable[..., Any],
         args: tuple,
         run_dir: Path,
+        check: tuple | None,
     ) -> None:
         try:
+            if check is not None:
+                checked = await self._check_signal(job_id, worker, check, run_dir)
+                if checked is None:
+                    return
+                worker = checked
             summary = await worker.call(fn, args, timeout_s=None, label=f"job {job_id}")
-        except CallError as exc:
-            self._fail(
-                job_id, "training_error", f"{exc.args[0] if exc.args else exc}", ("running",)
-            )
+        except CallError as exc:  # the run raised: a stop of its own (outcomes), or an error
+            self.outcomes.call_failed(job_id, exc)
         except WorkerDied as exc:  # killed by cancel/pause (status changed), or a crash
             self._fail(job_id, "worker_died", f"the job's worker died: {exc}", ("running",))
         except Exception as exc:  # the worker did not start, or the call failed to send
             self._fail(job_id, "worker_error", f"{type(exc).__name__}: {exc}", ("running",))
         else:
-            job = self.state.job(None, job_id)
-            try:
-                if job is not None:
-                    self.watcher.watch(job, final=True)
-            finally:
-                if job is not None:
-                    self._succeed(job, summary, run_dir)
+            self.outcomes.succeeded(job_id, summary, run_dir)
         finally:
+            with self._lock:
+                worker = self._workers.get(job_id, worker)
             await asyncio.to_thread(worker.close, 1.0)
             with self._lock:
                 self._workers.pop(job_id, None)
+                self._stopping.discard(job_id)
+                done = self._done.pop(job_id, None)
             self._tasks.pop(job_id, None)
-
-    def _succeed(self, job: dict[str, Any], summary: dict[str, Any], run_dir: Path) -> None:
-        supervised = job["method"]["type"] == "supervised"
-        current = self.state.job(None, job["id"])
-        if current is None or current["status"] != "running":  # cancelled meanwhile
-            return
-        try:
-            results = [write_results_file(self.state, self.settings.data_dir / "files", job)]
-        except (OSError, ValueError, KeyError) as exc:  # the model is still good
-            log.exception("results file of %s", job["id"])
-            self.state.add_event(job["id"], f"No results file: {exc}", level="warn")
-            results = []
-        done = self.state.update_job(
-            job["id"],
-            status="succeeded",
-            fine_tuned_model=model_name(job),
-            finished_at=int(time.time()),
-            trained_tokens=sft_trained_tokens(run_dir) if supervised else trained_tokens(run_dir),
-            result_files=results,
-            steps=int(summary.get("steps") or job["steps"]) if supervised else job["steps"],
-            only_from=("running",),
-        )
-        if not done:
-            return
-        too_long = (summary.get("left_out") or {}).get("too_long")
-        if supervised and too_long:
-            self.state.add_event(
-                job["id"],
-                f"{too_long} training examples longer than sft.max_seq_len tokens were left out",
-                level="warn",
-            )
-        self.state.add_event(
-            job["id"],
-            f"The job has successfully completed: {model_name(job)}",
-            data={"summary": summary},
-        )
+            if done is not None:
+                done.set()

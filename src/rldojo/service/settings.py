@@ -53,6 +53,28 @@ class ServiceSettings:
     written to a job, event, config or log."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """Environment variables for job workers (tests pass `RLDOJO_CACHE` this way)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept per job: the newest K (at least 1: the newest is the one a paused
+    or restarted job resumes from, and the final model once the job succeeded). Older
+    ones are deleted, with their `checkpoints` entries, as newer ones are written."""
+    pause_timeout_s: float = 120.0
+    """How long a paused job's worker may take to stop at its next safe point (after the
+    step in flight, with a checkpoint of that step) before it is killed; a killed job
+    resumes from its newest earlier checkpoint."""
+    preflight_rows: int = 3
+    """Training rows graded at job creation with the job's grader, each with the row's
+    reference answer (or a fixed sample) as the output: when every one errors, the job
+    is a 400 naming the grader's error (0: no preflight)."""
+    signal_prompts: int = 4
+    """Prompts of the learning-signal check a reinforcement job runs before step 1 (the
+    base model's samples, graded: pass rate, groups with reward variance); 0: no check."""
+    signal_samples: int = 4
+    """Samples per prompt of the learning-signal check."""
+    signal_max_tokens: int = 16
+    """New tokens per sample of the learning-signal check (kept small: it is a probe)."""
+    signal_timeout_s: float = 120.0
+    """The learning-signal check's time limit, model loading included; past it the check
+    is skipped (an event says so) and training starts in a fresh worker."""
 
 
 def owner_of(key: str) -> str:

@@ -213,3 +213,9 @@ class ServiceState:
 
     def owned_checkpoints(self, owner: str) -> list[dict[str, Any]]:
         return self._exec("SELECT * FROM checkpoints WHERE owner=? ORDER BY seq", (owner,))
+
+    def delete_checkpoints(self, job_id: str, steps: list[int]) -> None:
+        """Forget a job's checkpoints at `steps` (their directories were deleted)."""
+        marks = ", ".join("?" for _ in steps)
+        self._exec(f"DELETE FROM checkpoints WHERE job_id=? AND step IN ({marks})",
+                   (job_id, *steps))  # fmt: skip

@@ -14,6 +14,10 @@ step_N` with its `state.json`), and records each once in `ServiceState`:
     a checkpoint                 a job checkpoint `ft:…:ckpt-step-N` (metrics: that step's
                                  event data) and a message event
 
+Only the newest `keep` checkpoints stay (`ServiceSettings.keep_checkpoints`): older
+directories are deleted, and their job checkpoints with them, once a newer one is
+complete; the newest is never touched (a resume reads it; at the end it is the model).
+
 An event is keyed by (kind, step), so a resumed or restarted job, whose run re-logs
 steps, reports each step once. A supervised job's checkpoint is recorded only once its
 worker has returned (`final=True`): its metrics then include the validation loss.
@@ -22,6 +26,7 @@ worker has returned (`final=True`): its metrics then include the validation loss
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -64,8 +69,8 @@ def _event(record: dict[str, Any], total: int | None) -> tuple[dict[str, Any], s
 class RunWatcher:
     """Events and checkpoints from run directories (module docstring)."""
 
-    def __init__(self, state: ServiceState) -> None:
-        self.state = state
+    def __init__(self, state: ServiceState, keep: int = 2) -> None:
+        self.state, self.keep = state, max(1, keep)
         self._seen: dict[str, dict[str, Any]] = {}
 
     def reset(self, job_id: str) -> None:
@@ -116,9 +121,19 @@ class RunWatcher:
                 f"Validation at step {data['step']}: full_valid_loss {data['full_valid_loss']:.4f}"
             )
             self._add(job, "valid", data, message)
-        for ckpt in sorted((run_dir / "checkpoints").glob("step_*")):
-            if (ckpt / "state.json").exists():
-                self._checkpoint(job, ckpt, seen["steps"])
+        complete = [c for c in sorted((run_dir / "checkpoints").glob("step_*"))
+                    if (c / "state.json").exists()]  # fmt: skip
+        for ckpt in complete:
+            self._checkpoint(job, ckpt, seen["steps"])
+        self._prune(job, complete)
+
+    def _prune(self, job: dict[str, Any], complete: list[Path]) -> None:
+        """Delete all but the newest `keep` checkpoints (module docstring)."""
+        old = complete[: -self.keep]
+        for ckpt in old:
+            shutil.rmtree(ckpt, ignore_errors=True)
+        if old:
+            self.state.delete_checkpoints(job["id"], [int(c.name.split("_")[1]) for c in old])
 
     def _add(self, job: dict[str, Any], kind: str, data: dict[str, Any], message: str) -> None:
         seen = self._seen[job["id"]]
