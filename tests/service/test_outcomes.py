@@ -68,3 +68,20 @@ def test_a_job_workers_stderr_goes_to_the_jobs_log(tmp_path):
         assert not any("worker-stderr-mark" in line for line in svc.lines)
     finally:
         svc.stop()
+
+
+def test_the_command_passes_retention_pause_and_signal_settings_on(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import rldojo.service
+    from rldojo.cli import app
+
+    seen = {}
+    monkeypatch.setattr(rldojo.service, "serve_forever", lambda s, *a, **k: seen.update(s=s))
+    monkeypatch.setenv("RLDOJO_API_KEYS", "sk-x")
+    args = ["service", "--data-dir", str(tmp_path), "--keep-checkpoints", "3",
+            "--pause-timeout-s", "9.5", "--signal-prompts", "0"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    s = seen["s"]
+    assert (s.keep_checkpoints, s.pause_timeout_s, s.signal_prompts) == (3, 9.5, 0)

@@ -66,6 +66,18 @@ def service(
             "prefer the environment variable, which `ps` does not show)",
         ),
     ] = None,
+    keep_checkpoints: Annotated[
+        int, typer.Option(min=1, help="Checkpoints kept per job (the newest; the last is final)")
+    ] = 2,
+    pause_timeout_s: Annotated[
+        float, typer.Option(help="Seconds a paused job's run may take to checkpoint and stop")
+    ] = 120.0,
+    signal_prompts: Annotated[
+        int,
+        typer.Option(
+            help="Prompts sampled before step 1 to report the expected learning signal (0: off)"
+        ),
+    ] = 4,
 ) -> None:
     """Serve OpenAI's fine-tuning API (files, supervised and RFT jobs, graders, models)
     under /v1."""
@@ -97,6 +109,9 @@ def service(
         ray_address=ray_address,
         judge_base_url=judge_base_url or None,
         judge_api_key=(judge_api_key or None) if judge_base_url else None,
+        keep_checkpoints=keep_checkpoints,
+        pause_timeout_s=pause_timeout_s,
+        signal_prompts=signal_prompts,
     )
 
     def ready(handle: Any) -> None:
