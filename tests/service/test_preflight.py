@@ -83,3 +83,35 @@ def test_the_signal_event_warns_when_little_or_no_signal_is_expected():
     assert level == "warn" and "little learning signal expected" in message
     message, level = signal_event(_result(0, 0, errors=16))
     assert level == "warn" and "the grader failed on every sample: ZeroDivisionError" in message
+
+
+def test_graders_run_samples_the_base_model_when_asked_for_the_signal(service, tmp_path):
+    """`signal: {model, training_file}`: tiny-random writes garbage, so the exact-match
+    grader passes nothing and no group's rewards differ; a length-parity grader's do."""
+    client = service.client()
+    file = upload(client, tmp_path)
+
+    def run(grader, **signal):
+        return client.post(
+            "/fine_tuning/alpha/graders/run", cast_to=object,
+            body={"grader": grader, "model_sample": "yes", "item": {"reference_answer": "yes"},
+                  "signal": {"model": "tiny-random", "training_file": file.id, **signal}},
+        )  # fmt: skip
+
+    out = run(STRING_CHECK, prompts=2, samples=3)
+    assert out["reward"] == 1.0  # the item's grade, as without `signal`
+    signal = out["signal"]
+    assert (signal["samples"], signal["groups"]) == (6, 2)
+    assert signal["passed"] == 0 and signal["groups_with_variance"] == 0
+    assert signal["level"] == "warn" and "no learning signal expected" in signal["message"]
+    parity = {**RAISES, "source": "def grade(sample, item):\n"
+              "    return float(len(sample['output_text']) % 2)\n"}  # fmt: skip
+    varied = run(parity, prompts=2, samples=3)["signal"]
+    assert varied["errors"] == 0 and varied["groups_with_variance"] >= 1
+    with pytest.raises(openai.BadRequestError) as caught:
+        run(STRING_CHECK, prompts=99)
+    assert caught.value.body["param"] == "signal.prompts"
+    missing = {"model": "tiny-random", "training_file": "file-nope"}
+    with pytest.raises(openai.NotFoundError):
+        client.post("/fine_tuning/alpha/graders/run", cast_to=object,
+                    body={"grader": STRING_CHECK, "item": {}, "signal": missing})  # fmt: skip

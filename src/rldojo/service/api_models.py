@@ -9,7 +9,9 @@
                                        `item` (and `model_sample`), also graded: a grader
                                        that errors on it is a 400 (`grader_failures`)
     POST /v1/fine_tuning/alpha/graders/run        {grader, model_sample, item} -> reward,
-                                       sub_rewards and OpenAI's error flags
+                                       sub_rewards and OpenAI's error flags; with
+                                       `signal: {model, training_file}` also the
+                                       learning-signal check of that model on that file
 
 Engines load on first use (in a thread, so the API keeps answering) and are kept in an
 LRU cache of `max_loaded_models`. Python graders run in the sandbox (`PythonGrader`
@@ -41,6 +43,7 @@ from rldojo.serve.app import (
 from rldojo.serve.engine import TransformersEngine
 from rldojo.service.errors import ApiError, not_found
 from rldojo.service.judge import load_grader
+from rldojo.service.preflight import run_signal, signal_request
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
 from rldojo.store.checkpoint import latest_checkpoint
@@ -270,10 +273,19 @@ def models_router(
 
     @r.post("/fine_tuning/alpha/graders/run")
     async def run(body: _GraderIn, who: str = Depends(owner)) -> dict[str, Any]:
+        ask = (body.model_extra or {}).get("signal")  # opt-in: sample the base model too
+        checked = None if ask is None else signal_request(
+            ask, who, _source, state.file, body.grader, settings)  # fmt: skip
         grader = await asyncio.to_thread(load_grader, body.grader, settings, "grader")
         try:
-            return _grade_json(*await _grade(grader, body))
+            out = _grade_json(*await _grade(grader, body))
         finally:
             await grader.close()
+        if checked is not None:
+            out["signal"] = await asyncio.wait_for(
+                asyncio.to_thread(run_signal, *checked, body.grader, settings),
+                settings.signal_timeout_s,
+            )
+        return out
 
     return r

@@ -11,7 +11,8 @@ messages) are left to it. `graders/validate` runs the same check on an `item` it
 
 `signal_check(config_toml, ...)` runs in the job's worker before step 1 of a new job: a
 few prompts, each sampled a few times by the base model (small token budget, the run's
-temperature), graded. GRPO learns only from groups whose rewards differ, so the share of
+temperature), graded (`sample_signal`; `graders/run` runs it too when asked with a
+`signal` object). GRPO learns only from groups whose rewards differ, so the share of
 groups with reward variance says how much signal the first steps carry. `signal_event`
 turns the result into the job event (a warning when little or no signal is expected).
 """
@@ -26,7 +27,8 @@ from typing import Any
 from rldojo.service.errors import ApiError
 from rldojo.service.settings import ServiceSettings
 
-__all__ = ["FIXED_SAMPLE", "grader_preflight", "preflight_scores", "signal_check", "signal_event"]
+__all__ = ["FIXED_SAMPLE", "grader_preflight", "preflight_scores", "run_signal", "sample_signal",
+           "signal_check", "signal_event", "signal_request"]  # fmt: skip
 
 FIXED_SAMPLE = "42"
 """The model output graded for a row that gives no reference answer."""
@@ -119,29 +121,47 @@ def signal_check(
 ) -> dict[str, Any]:
     """In the job's worker: `prompts` training prompts x `samples` samples of the base
     model, graded; counts for `signal_event`."""
+    from rldojo.graders.specs.loading import load
+    from rldojo.service.rft_env import RftEnv
+    from rldojo.service.runner import config_of, use_judge_key
+
+    config = config_of(config_toml)
+    use_judge_key(judge_api_key)
+    return sample_signal(
+        config.model.name, RftEnv(**config.env.kwargs), load(config.grader.spec or {}),
+        prompts=prompts, samples=samples, max_tokens=max_tokens,
+        temperature=config.sampling.temperature, seed=config.run.seed,
+    )  # fmt: skip
+
+
+def sample_signal(
+    model: str,
+    env: Any,
+    grader: Any,
+    *,
+    prompts: int,
+    samples: int,
+    max_tokens: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """`prompts` of `env`'s training tasks x `samples` samples of `model`, graded by
+    `grader` (closed here); counts for `signal_event`. Runs its own event loop: call it
+    from a worker or a thread."""
     import time
 
     from rldojo.envs.base import SingleTurnEnv
-    from rldojo.graders.specs.loading import load
     from rldojo.policy.models import load_model
     from rldojo.policy.transformers_backend import TransformersPolicy
     from rldojo.rollout.engine import collect_rollouts, grade_rollouts
-    from rldojo.service.rft_env import RftEnv
-    from rldojo.service.runner import config_of, use_judge_key
     from rldojo.types import SamplingParams
 
     started = time.perf_counter()
-    config = config_of(config_toml)
-    use_judge_key(judge_api_key)
-    env = RftEnv(**config.env.kwargs)
-    tasks = list(env.tasks("train", seed=config.run.seed, n=prompts))
-    model, tokenizer = load_model(config.model.name)
-    policy = TransformersPolicy(model, tokenizer, generation_dtype=None)
-    params = SamplingParams(
-        max_new_tokens=max_tokens, temperature=config.sampling.temperature, seed=config.run.seed
-    )
-    episodes = [(t, i, config.run.seed + i) for t in tasks for i in range(samples)]
-    grader = load(config.grader.spec or {})
+    tasks = list(env.tasks("train", seed=seed, n=prompts))
+    loaded, tokenizer = load_model(model)
+    policy = TransformersPolicy(loaded, tokenizer, generation_dtype=None)
+    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, seed=seed)
+    episodes = [(t, i, seed + i) for t in tasks for i in range(samples)]
     threshold = float(grader.pass_threshold)
 
     async def run() -> list[Any]:
@@ -153,6 +173,52 @@ def signal_check(
 
     scores = asyncio.run(run())
     return _counts(scores, samples, threshold, time.perf_counter() - started)
+
+
+SIGNAL_MAX = 16
+"""Most prompts, and most samples a prompt, that `graders/run` samples when asked."""
+
+
+def signal_request(
+    ask: Any, who: str, source_of: Any, file_of: Any, spec: Any, settings: ServiceSettings
+) -> tuple[str, Any, dict[str, int]]:
+    """The checked `signal` object of a `graders/run` request: (what loads the model, the
+    training file's row, {prompts, samples}); `ApiError` 400/404 otherwise. `source_of`
+    and `file_of` resolve a model name and a file id for the caller `who`."""
+    if not isinstance(ask, Mapping) or not all(
+        isinstance(ask.get(k), str) for k in ("model", "training_file")
+    ):
+        raise ApiError(400, 'signal: expected {"model": NAME, "training_file": FILE_ID, '
+                       '"prompts"?: int, "samples"?: int}', param="signal")  # fmt: skip
+    sizes = {"prompts": ask.get("prompts", settings.signal_prompts or 4),
+             "samples": ask.get("samples", settings.signal_samples)}  # fmt: skip
+    for key, n in sizes.items():
+        if not isinstance(n, int) or not 1 <= n <= SIGNAL_MAX:
+            raise ApiError(400, f"signal.{key}: expected 1..{SIGNAL_MAX}, got {n!r}",
+                           param=f"signal.{key}")  # fmt: skip
+    row = file_of(who, ask["training_file"])
+    if row is None:
+        raise ApiError(404, f"No such file: {ask['training_file']!r}",
+                       param="signal.training_file", code="not_found")  # fmt: skip
+    return source_of(who, ask["model"]), row, sizes
+
+
+def run_signal(source: str, row: Mapping[str, Any], sizes: Mapping[str, int], spec: Any,
+               settings: ServiceSettings) -> dict[str, Any]:  # fmt: skip
+    """`graders/run`'s learning-signal check, in a thread of the service: the counts, the
+    event's `message` and its `level`."""
+    from rldojo.data.loading import DataError
+    from rldojo.service.judge import load_grader
+    from rldojo.service.rft_env import RftEnv
+
+    try:
+        env = RftEnv(train_path=str(row["path"]), name=str(row["filename"]))
+    except DataError as exc:
+        raise ApiError(400, f"signal.training_file: {exc}", param="signal.training_file") from None
+    grader = load_grader(spec, settings, "grader")
+    result = sample_signal(source, env, grader, max_tokens=settings.signal_max_tokens, **sizes)
+    message, level = signal_event(result)
+    return {**result, "message": message, "level": level}
 
 
 def _counts(scores: list[Any], samples: int, threshold: float, wall_s: float) -> dict[str, Any]:
