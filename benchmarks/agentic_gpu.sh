@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15 on one CUDA GPU: the agentic pipelines of examples/agentic_*.toml (demos ->
+# On one CUDA GPU: the agentic pipelines of examples/agentic_*.toml (demos ->
 # SFT -> RL, `benchmarks/agentic_pipeline.py`) with the RL stage given more episodes than
 # the 30-minute CPU budget holds, three variants side by side on the one GPU:
 #
@@ -18,8 +18,8 @@
 # then evaluates; periodic evaluations every 10 steps (`eval.every`) pair with SFT's.
 # Each pipeline is killed at LIMIT_S (default 480) seconds; what it wrote stays.
 # Writes to OUT_DIR (default: a temporary directory): the results JSON of each pipeline
-# that finished (as benchmarks/results/agentic_<env>_gpu_<variant>.json; a dry run's
-# agentic_<env>_dry_<variant>.json are written to OUT_DIR alone), one
+# that finished (as benchmarks/results/agentic_pipeline/<env>_gpu_<variant>.json; a dry
+# run's agentic_pipeline/<env>_dry_<variant>.json are written to OUT_DIR alone), one
 # <variant>.tgz of its run directories (logs, metrics, evaluations, samples; no
 # checkpoints), and device.txt (nvidia-smi, torch). Exits 1 when a pipeline failed.
 # Interpreter: $PYTHON, else .venv/bin/python, else python3; rldojo importable
@@ -47,7 +47,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTH
 cat "$OUT_DIR/device.txt"
 
 if [ "$DRY" = 1 ]; then
-  KIND=dry; RESULTS_DIR="$OUT_DIR"  # smoke: no figures in benchmarks/results
+  KIND=dry; RESULTS_DIR="$OUT_DIR"; DRY_FLAG=(--dry)  # smoke: no figures in benchmarks/results
   COMMON=(--set model.name=tiny-random --set run.device=cpu --set run.threads=1
           --set run.steps=2 --set eval.every=1 --set eval.tasks=4 --set eval.before_tasks=2
           --set sampling.max_new_tokens=16 --set eval.max_new_tokens=16
@@ -55,7 +55,7 @@ if [ "$DRY" = 1 ]; then
           --set "model.lora.layers=[1]")  # tiny-random has 2 layers
   DEMOS_CRM=8; DEMOS_TTT=8; PROMPTS=2; GROUP=2; PROMPTS_TTT=2; STEPS_ARGS=()
 else
-  KIND=gpu; RESULTS_DIR=benchmarks/results
+  KIND=gpu; RESULTS_DIR=benchmarks/results; DRY_FLAG=()
   # The model's safetensors export, once, before three processes would race to write it.
   "$PY" -c "from rldojo.policy.models import smollm2_dir; print(smollm2_dir())" || exit 1
   COMMON=(--set run.device=cuda --set run.threads=4 --set eval.every=10
@@ -78,6 +78,7 @@ pipeline() {  # pipeline VARIANT ENV DEMOS ARGS...
   local variant="$1" env="$2" demos="$3"; shift 3
   timeout --kill-after=10 "$LIMIT_S" "$PY" benchmarks/agentic_pipeline.py --envs "$env" \
     --demos "$demos" --tag "${KIND}_$variant" --results "$RESULTS_DIR" --out "$WORK/$variant" \
+    "${DRY_FLAG[@]}" \
     "${COMMON[@]}" "${STEPS_ARGS[@]}" "$@" >"$WORK/$variant.out" 2>&1
   local rc=$?
   [ "$rc" = 0 ] || echo "$variant" >>"$WORK/failed"
@@ -89,7 +90,7 @@ pipeline ttt_scaled tictactoe-v1 "$DEMOS_TTT" "${TTT[@]}" &
 wait
 
 for variant in crm_scaled crm_success_kl ttt_scaled; do
-  [ "$DRY" = 1 ] || cp "$RESULTS_DIR"/agentic_*_"${KIND}_$variant".json "$OUT_DIR"/ 2>/dev/null
+  [ "$DRY" = 1 ] || cp "$RESULTS_DIR"/agentic_pipeline/*_"${KIND}_$variant".json "$OUT_DIR"/ 2>/dev/null
   cp "$WORK/$variant.out" "$WORK/$variant/" 2>/dev/null
   tar -C "$WORK" --exclude=checkpoints -czf "$OUT_DIR/$variant.tgz" "$variant"
   if [ "$(stat -c %s "$OUT_DIR/$variant.tgz")" -gt 15000000 ]; then  # the ledger is large

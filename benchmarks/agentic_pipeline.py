@@ -18,9 +18,12 @@ time, the demonstrations' pass rate, SFT loss first/last, the machine (CPU flags
 
 Usage: python benchmarks/agentic_pipeline.py [--envs arith-tools-v1 crm-v1 tictactoe-v1]
            [--demos 200] [--set key=value ...] [--rl-set key=value ...]
-           [--sft-run DIR] [--out runs/agentic-pipeline] [--tag T] [--results DIR]
-Writes benchmarks/results/agentic_<env>.json (agentic_<env>_<T>.json with --tag; one
-file per environment, written when its pipeline ends; --results DIR for another folder).
+           [--sft-run DIR] [--out runs/agentic-pipeline] [--tag T] [--results DIR] [--dry]
+Writes benchmarks/results/agentic_pipeline/<env>.json (<env>_<T>.json with --tag; one
+file per environment, written when its pipeline ends; `results_io`, --results DIR for
+another folder). `--dry`: tiny-random, 8 demos, 2 RL steps of 2 x 2 samples of 16
+tokens, 4 test tasks (the smoke run of agentic_gpu.sh), runs and results in temporary
+folders; `--set` still overrides it.
 With `--set eval.every=N` the RL run's periodic evaluations are in `during_rl`, each
 paired with SFT.
 """
@@ -32,6 +35,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Sequence
@@ -39,9 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from machine_load import cpu_flags, gpu_name, load_average  # benchmarks/ is on sys.path
+from results_io import add_result_args, results_dir, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).parent / "results"
+DEFAULT_RUNS = ROOT / "runs" / "agentic-pipeline"
+# The smoke run of agentic_gpu.sh --dry: every stage on tiny-random (2 layers) in seconds.
+DRY_OVERRIDES = [
+    "model.name=tiny-random", "run.device=cpu", "run.threads=1", "run.steps=2",
+    "eval.every=1", "eval.tasks=4", "eval.before_tasks=2", "sampling.max_new_tokens=16",
+    "eval.max_new_tokens=16", "sft.batch_size=4", "sft.epochs=1", "model.lora.layers=[1]",
+    "rollout.prompts_per_step=2", "rollout.group_size=2",
+]  # fmt: skip
 CONFIGS = {
     "arith-tools-v1": ROOT / "examples" / "agentic_arith_tools.toml",
     "crm-v1": ROOT / "examples" / "agentic_crm.toml",
@@ -270,22 +282,32 @@ def main() -> None:
         type=Path,
         help="RL from this earlier SFT run directory (one env) instead of demos + SFT again",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "agentic-pipeline")
     parser.add_argument(
-        "--tag", default="", help="results go to agentic_<env>_<tag>.json (a variant's file)"
+        "--out",
+        type=Path,
+        default=None,
+        help="run directories (default: runs/agentic-pipeline; with --dry a temporary folder)",
     )
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the results")
+    parser.add_argument(
+        "--tag", default="", help="results go to <env>_<tag>.json (a variant's file)"
+    )
+    add_result_args(parser, "tiny-random, 8 demos, 2 RL steps of 2 x 2, 4 test tasks")
     args = parser.parse_args()
     if args.sft_run is not None and len(args.envs) != 1:
         parser.error("--sft-run: name the one environment it was for with --envs")
-    args.results.mkdir(parents=True, exist_ok=True)
+    if args.dry:  # first, so that --set still wins
+        args.demos, args.overrides = min(args.demos, 8), [*DRY_OVERRIDES, *args.overrides]
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="agentic_dry_")) if args.dry else DEFAULT_RUNS
+    args.results = results_dir(args.results, dry=args.dry)  # one folder for every env
     for env_id in args.envs:
         result = run_pipeline(
             env_id, args.demos, args.overrides, args.out, args.rl_overrides, args.sft_run
         )
-        stem = f"agentic_{env_id.split('-v')[0].replace('-', '_')}"
-        path = args.results / (f"{stem}_{args.tag}.json" if args.tag else f"{stem}.json")
-        path.write_text(json.dumps(result, indent=2))
+        stem = env_id.split("-v")[0].replace("-", "_")
+        label = f"{stem}_{args.tag}" if args.tag else stem
+        path = write_result("agentic_pipeline", label, result, out_dir=args.results,
+                            dry=args.dry)  # fmt: skip
         s, p = result["success"], result["paired"]["sft_to_sft_rl"]
         mcnemar_p = p["mcnemar"]["p_value"]
         print(

@@ -7,7 +7,11 @@ per-game outcomes; the pooled comparison is the same paired statistics
 over all the tables' games together. The seeds' runs have their own test games, so the
 pooled games are independent.
 
-Usage: python benchmarks/agentic_pool.py RESULTS.json [RESULTS.json ...] --out POOLED.json
+Usage: python benchmarks/agentic_pool.py RESULTS.json [RESULTS.json ...]
+           (--label NAME | --out POOLED.json) [--results DIR] [--dry]
+Writes benchmarks/results/agentic_pool/<NAME>.json (`results_io`), or --out POOLED.json.
+`--dry`: pools the three committed tic-tac-toe LoRA seeds (or the files given) into a
+temporary folder.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import agentic_pipeline as ap  # benchmarks/ is on sys.path
+from results_io import RESULTS, add_result_args, write_result
+
+# Small committed inputs for the dry mode: reading them is all it does with them.
+DRY_INPUTS = [RESULTS / f"agentic_tictactoe_lora_top10_seed{i}.json" for i in range(3)]
 
 
 def table(result: dict[str, Any]) -> list[tuple[bool, bool]]:
@@ -40,25 +48,33 @@ def pool(paths: list[Path]) -> dict[str, Any]:
         for i, (a, b) in enumerate(table(result)):
             sft[f"{path.name}:{i}"], rl[f"{path.name}:{i}"] = a, b
         runs.append({"file": path.name, "overrides": result["overrides"],
-                     "cpu_flags": result["machine"]["cpu_flags"]})  # fmt: skip
+                     "cpu_flags": result["machine"]["cpu_flags"],
+                     "git": result.get("manifest", {}).get("git")})  # fmt: skip
     return {"runs": runs, "sft": ap._rate(sft), "sft_rl": ap._rate(rl),
             "sft_to_sft_rl": ap._paired(sft, rl)}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("inputs", nargs="*", type=Path, help="agentic_pipeline results")
+    parser.add_argument("--label", help="the pooled file's name: agentic_pool/<label>.json")
+    parser.add_argument("--out", type=Path, help="this file instead")
+    add_result_args(parser, "pool the committed tic-tac-toe LoRA seeds into a temporary folder")
     args = parser.parse_args()
-    pooled = pool(args.results)
-    args.out.write_text(json.dumps(pooled, indent=2))
+    if args.dry:
+        args.inputs, args.label = args.inputs or DRY_INPUTS, args.label or "dry"
+    if not args.inputs or not (args.label or args.out):
+        parser.error("give the results to pool and --label (or --out)")
+    pooled = pool(args.inputs)
+    path = write_result("agentic_pool", args.label or args.out.stem, pooled,
+                        out_dir=args.results, path=args.out, dry=args.dry)  # fmt: skip
     s, p = pooled, pooled["sft_to_sft_rl"]
     print(
-        f"{len(args.results)} runs: SFT {s['sft']['passed']}/{s['sft']['n']} -> SFT+RL "
+        f"{len(args.inputs)} runs: SFT {s['sft']['passed']}/{s['sft']['n']} -> SFT+RL "
         f"{s['sft_rl']['passed']}/{s['sft_rl']['n']}, {p['diff']:+.1%} "
         f"({p['diff_ci95'][0]:+.1%} to {p['diff_ci95'][1]:+.1%}), McNemar "
         f"{p['mcnemar']['a_only']}/{p['mcnemar']['b_only']}, p={p['mcnemar']['p_value']:.3g}"
-        f" -> {args.out}"
+        f" -> {path}"
     )
 
 

@@ -20,8 +20,10 @@ Ray rollout worker (on a CUDA device it shares the trainer's GPU: `rollout.worke
 0.5`); the in-process lag-1 run is skipped (a colocated engine is synchronous).
 
 Usage: python benchmarks/async_vs_sync.py [--model smollm2-135m-instruct] [--steps 4]
-[--device cpu|cuda|auto] [--generation native|vllm] [--out FILE]
-Writes benchmarks/results/async_vs_sync.json (or `--out`). `--device` sets `run.device`
+[--device cpu|cuda|auto] [--generation native|vllm] [--results DIR | --out FILE] [--dry]
+Writes benchmarks/results/async_vs_sync/<generation>[_<device>].json (`results_io`), or
+`--out FILE` (benchmarks/gpu_check.sh passes one). `--dry`: tiny-random, 1 step of 2 x 4
+samples of 8 tokens, no Ray, into a temporary folder. `--device` sets `run.device`
 (unset: the config's default); on one GPU, lag 1 overlaps generation and training on it.
 Timings are noisy; run on an idle machine.
 """
@@ -29,7 +31,6 @@ Timings are noisy; run on an idle machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -39,11 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.config import load_config
 from rldojo.train.trainer import Trainer
-
-RESULTS = Path(__file__).parent / "results" / "async_vs_sync.json"
 
 
 def _overrides(args: argparse.Namespace, out: str) -> list[str]:
@@ -121,6 +121,16 @@ def _rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
             "rollouts_per_s": len(rollouts) / wall}  # fmt: skip
 
 
+def _write(args: argparse.Namespace, result: dict[str, Any]) -> Path:
+    label = args.generation + (f"_{args.device}" if args.device else "")
+    return write_result("async_vs_sync", label, result, out_dir=args.results, path=args.out,
+                        dry=args.dry)  # fmt: skip
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k not in ("results", "out")}
+
+
 def main_vllm(args: argparse.Namespace) -> None:
     """`--generation vllm`: colocated and synchronous vs on a Ray worker at lag 1."""
     vllm = ["generation.backend=vllm", "loss.entropy_source=trainer"]
@@ -133,15 +143,14 @@ def main_vllm(args: argparse.Namespace) -> None:
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "torch": torch.__version__, "cuda": on_gpu},
-        "settings": vars(args), "sync_vllm_colocated": sync,
+        "settings": _settings(args), "sync_vllm_colocated": sync,
         "async_lag1_vllm_ray_worker": async_, "wall_ratio_async_over_sync": ratio,
         "target_ratio": 0.7,
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
+    path = _write(args, result)
     print(
         f"vLLM colocated, sync {sync['wall_s']:.1f}s; vLLM on a Ray worker, lag 1 "
-        f"{async_['wall_s']:.1f}s: ratio {ratio:.2f} (target <= 0.70); wrote {args.out}"
+        f"{async_['wall_s']:.1f}s: ratio {ratio:.2f} (target <= 0.70); wrote {path}"
     )
 
 
@@ -155,8 +164,12 @@ def main() -> None:
     parser.add_argument("--skip-workers", action="store_true")
     parser.add_argument("--device", default=None, help="run.device (default: the config's)")
     parser.add_argument("--generation", choices=("native", "vllm"), default="native")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="this file instead")
+    add_result_args(parser, "tiny-random, 1 step of 2 x 4 samples of 8 tokens, no Ray")
     args = parser.parse_args()
+    if args.dry:
+        args.model, args.steps, args.prompts, args.group = "tiny-random", 1, 2, 4
+        args.max_new_tokens, args.skip_workers = 8, True
     if args.generation == "vllm":
         main_vllm(args)
         return
@@ -169,7 +182,7 @@ def main() -> None:
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "torch": torch.__version__, "threads": torch.get_num_threads()},
-        "settings": vars(args),
+        "settings": _settings(args),
         "sync": sync,
         "async_lag1": async_,
         "wall_ratio_async_over_sync": async_["wall_s"] / sync["wall_s"],
@@ -180,8 +193,7 @@ def main() -> None:
         result["wall_ratio_async_ray_over_sync"] = split["wall_s"] / sync["wall_s"]
     if not args.skip_workers:
         result["rollout_workers"] = [rollouts_per_second(args, w) for w in (1, 2)]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str))
+    path = _write(args, result)
     print(f"sync {sync['wall_s']:.1f}s, async(lag 1) {async_['wall_s']:.1f}s for "
           f"{sync['trained_samples']}/{async_['trained_samples']} trained samples: "
           f"ratio {result['wall_ratio_async_over_sync']:.2f} (target <= 0.70)")  # fmt: skip
@@ -191,7 +203,7 @@ def main() -> None:
               f"{split['wall_s']:.1f}s, ratio {ratio:.2f}")  # fmt: skip
     for w in result.get("rollout_workers", []):
         print(f"ray workers={w['workers']}: {w['rollouts_per_s']:.2f} rollouts/s")
-    print(f"wrote {args.out}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Continuous batching vs static chunks: generation wall time for long-tailed completions.
 
     python benchmarks/continuous_batching.py [--requests 64] [--slots 16] [--max-new-tokens 128]
+        [--results DIR] [--dry]
 
 Generates `--requests` completions of arith-v1 prompts (`--group` samples per task, as
 the trainer does) at temperature 1.0, which gives RL's long-tailed length distribution
@@ -19,24 +20,25 @@ All modes use the same seed, and `sample` seeds each prompt's random stream on i
 so they draw (nearly: bf16 sums differ with the batch) the same completions; tokens/s is
 the fair comparison if a few completions differ. Prints wall time, tokens/s, decode
 steps and mean decode batch, and the ratio of each mode to the static baseline; writes
-``benchmarks/results/continuous_batching.json``. Wall times include whatever else runs
-on the machine: `--repeats` rounds interleave the modes, a matmul probe before and after
-each run flags the runs other jobs slowed, and the summary (medians) leaves those out.
+``benchmarks/results/continuous_batching/default.json`` (`results_io`; `--dry`:
+tiny-random, 4 requests in 2 slots, 8 tokens, into a temporary folder). Wall times
+include whatever else runs on the machine: `--repeats` rounds interleave the modes, a
+matmul probe before and after each run flags the runs other jobs slowed, and the summary
+(medians) leaves those out.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from machine_load import cpu_probe, load_average  # benchmarks/ is on sys.path
+from results_io import add_result_args, write_result
 
 from rldojo.envs.registry import make_env
 from rldojo.policy.models import load_model
@@ -44,7 +46,6 @@ from rldojo.policy.sampling import sample
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.types import SamplingParams
 
-RESULTS = Path(__file__).resolve().parent / "results" / "continuous_batching.json"
 CLEAN_PROBE = 0.75
 """A run counts as uncontended when the CPU probe around it reaches this share of the best
 (as in `vs_trl.py`) ..."""
@@ -147,7 +148,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all modes")
     parser.add_argument("--skip-batch-all", action="store_true")
+    add_result_args(parser, "tiny-random, 2 tasks x 2 samples in 2 slots, 8 tokens")
     args = parser.parse_args()
+    if args.dry:
+        args.model, args.tasks, args.group, args.slots = "tiny-random", 2, 2, 2
+        args.refill_at, args.max_new_tokens = [1], 8
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
     model = model.to(torch.bfloat16).eval()  # the trainer generates with a bf16 copy
@@ -175,12 +180,14 @@ def main() -> None:
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "torch": torch.__version__, "threads": torch.get_num_threads()},
-        "settings": {**vars(args), "requests": len(batch), "dtype": "bfloat16"},
+        "settings": {**{k: v for k, v in vars(args).items() if k != "results"},
+                     "requests": len(batch), "dtype": "bfloat16"},
         "summary": summary,
         "runs": runs,
     }  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    label = "dry" if args.dry else "default"
+    path = write_result("continuous_batching", label, result, out_dir=args.results,
+                        seed=args.seed, dry=args.dry)  # fmt: skip
     for name, row in summary.items():
         speedup = row["tokens_per_s_ratio_vs_static"]
         print(
@@ -193,7 +200,7 @@ def main() -> None:
     if busy:
         print(f"warning: other jobs slowed {busy} of {len(runs)} runs (CPU probe, CPU/wall); "
               "the summary uses the others where a mode has any")  # fmt: skip
-    print(f"wrote {RESULTS}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The rollout viewer on a large ledger: first page and filters over 100,000 rollouts.
 
     python benchmarks/dashboard_ledger.py [--rows 100000] [--repeats 5] [--no-browser]
+        [--results DIR] [--dry]
 
 Writes a synthetic ledger through the real `Ledger` (SQLite, the schema `rldojo train`
 writes: ~90-token completions, per-token logprobs and entropies), serves it with the
@@ -10,7 +11,8 @@ real dashboard on loopback and measures, for the first page and each filter:
   to its first rows drawn, and a filter from submit to the new rows drawn.
 Baseline, in the same run: what the viewer replaces, reading the ledger's rows into
 Python and filtering there (`SELECT *` + json decode; the Parquet export is the same
-read). Writes benchmarks/results/dashboard_ledger.json.
+read). Writes benchmarks/results/dashboard_ledger/default.json (`results_io`; `--dry`:
+200 rows, once, no browser, into a temporary folder).
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from typing import Any
 
 import httpx
 from machine_load import cpu_flags, load_average  # benchmarks/ is on sys.path
+from results_io import add_result_args, write_result
 
 from rldojo.dashboard import start_dashboard
 from rldojo.store.ledger import Ledger
 from rldojo.types import Rollout, Score
 
-RESULTS = Path(__file__).parent / "results" / "dashboard_ledger.json"
 WORDS = [
     "the",
     "answer",
@@ -166,7 +168,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-browser", action="store_true")
+    add_result_args(ap, "200 rows, once, no browser, into a temporary folder")
     args = ap.parse_args()
+    if args.dry:
+        args.rows, args.repeats, args.no_browser = 200, 1, True
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "big"
         run.mkdir()
@@ -187,9 +192,11 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpu_flags": cpu_flags(),
                     "cores": os.cpu_count(), "load_average": load_average()},
     }  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
+    label = "dry" if args.dry else "default"
+    path = write_result("dashboard_ledger", label, result, out_dir=args.results, seed=0,
+                        dry=args.dry)  # fmt: skip
     print(json.dumps(result, indent=2))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """crm-v1 throughput: resets/s, steps/s and snapshot+restore/s, against rebuilding from seed.
 
     python benchmarks/env_throughput.py [--seconds 2] [--sizes small default large]
+        [--results DIR] [--dry]
 
 Measures, in one process, for every database size:
 
@@ -17,9 +18,10 @@ Measures, in one process, for every database size:
   without snapshots), and ``backup_copy``: copying it with SQLite's backup API.
 
 Prints rates and the ratio snapshot+restore vs rebuild, and writes
-``benchmarks/results/env_throughput.json``. Target (issue): one snapshot+restore cycle
-under 5 ms at the default size. Wall times include whatever else runs on the machine;
-the JSON records the load average before and after.
+``benchmarks/results/env_throughput/<size>.json`` (`results_io`; `--dry`: the small
+database for 0.05 s per measurement, into a temporary folder). Target (issue): one
+snapshot+restore cycle under 5 ms at the default size. Wall times include whatever else
+runs on the machine; the JSON records the load average before and after.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
+
 from rldojo.envs.crm import CrmEnv
 from rldojo.envs.crm.data import DB_SIZES, build_database, connect
 
 UNLIMITED = {"max_turns": 10**9, "max_tokens": 10**12, "max_wall_s": 1e9}
-RESULTS = Path(__file__).resolve().parent / "results" / "env_throughput.json"
 TARGET_MS = 5.0
 """Snapshot+restore cycle at the default size must take less than this (the issue's target)."""
 
@@ -132,7 +135,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="time per measurement")
     parser.add_argument("--sizes", nargs="+", default=list(DB_SIZES), choices=list(DB_SIZES))
+    add_result_args(parser, "the small database, 0.05 s per measurement, a temporary folder")
     args = parser.parse_args()
+    if args.dry:
+        args.seconds, args.sizes = 0.05, ["small"]
     load_before = load_average()
     sizes = {size: bench_size(size, args.seconds) for size in args.sizes}
     result = {
@@ -151,8 +157,8 @@ def main() -> None:
     if "default" in sizes:
         cycle = sizes["default"]["snapshot_restore"]["mean_ms"]
         result["meets_target"] = cycle < TARGET_MS
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    label = "default" if "default" in sizes else "_".join(sizes)
+    path = write_result("env_throughput", label, result, out_dir=args.results, dry=args.dry)
     for size, r in sizes.items():
         rate = {k: r[k]["per_s"] for k in ("reset", "fresh_reset", "step", "snapshot_restore")}
         print(
@@ -168,7 +174,7 @@ def main() -> None:
         print(
             f"target: snapshot+restore < {TARGET_MS} ms at default size: {result['meets_target']}"
         )
-    print(f"wrote {RESULTS} (load average {load_before:.1f} -> {load_average():.1f})")
+    print(f"wrote {path} (load average {load_before:.1f} -> {load_average():.1f})")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Environment worker processes: what isolation costs per episode, against in-process envs.
 
     python benchmarks/env_workers.py [--episodes 64] [--turns 4] [--repeats 3]
+        [--results DIR] [--dry]
 
 Runs the same crm-v1 episodes (a scripted policy: three tool calls, then an answer, so
 every episode has `--turns` environment steps on a real SQLite database) through the
@@ -8,26 +9,27 @@ rollout engine with the environments in the trainer's event loop (baseline), the
 and 2 worker processes (`rollout.env_workers`). The policy costs nothing, so the times
 are the environments' own plus the isolation overhead (pickling, a socket round trip per
 call, the worker's event loop). Reports episodes/s, environment calls/s, and the
-overhead per call in ms; best of `--repeats`. Writes benchmarks/results/env_workers.json.
+overhead per call in ms; best of `--repeats`. Writes
+benchmarks/results/env_workers/default.json (`results_io`; `--dry`: 4 episodes of 2 turns,
+once, into a temporary folder).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
+
+from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.envs.registry import make_env
 from rldojo.rollout.engine import collect_rollouts
 from rldojo.rollout.env_workers import EnvWorkerPool
 from rldojo.types import Completion, SamplingParams
 
-RESULTS = Path(__file__).parent / "results" / "env_workers.json"
 CALL = '<tool_call>{"name": "search_deals", "arguments": {"query": "renewal"}}</tool_call>'
 
 
@@ -71,7 +73,10 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    add_result_args(parser, "4 episodes of 2 turns, once, into a temporary folder")
     args = parser.parse_args()
+    if args.dry:
+        args.episodes, args.turns, args.repeats = 4, 2, 1
     calls = args.episodes * (args.turns + 2)  # open+reset, steps, close
     rows: dict[str, Any] = {}
     setups: list[tuple[str, int]] = [("in_process", 0), ("1_worker", 1), ("2_workers", 2)]
@@ -101,12 +106,11 @@ def main() -> None:
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "load_avg": os.getloadavg()[0]},
-        "settings": vars(args),
+        "settings": {k: v for k, v in vars(args).items() if k != "results"},
         "results": rows,
     }  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2))
-    print(f"wrote {RESULTS}")
+    label = "dry" if args.dry else "default"
+    print(f"wrote {write_result('env_workers', label, result, out_dir=args.results, dry=args.dry)}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ the moves that decide games, or only sharpened the policy. An existing `--out` f
 same positions and seed keeps its other checkpoints (a label probed again is replaced).
 
 Usage: python benchmarks/game_policy_probe.py sft=RUN/checkpoints/step_N rl=... \
-           [--positions 200] [--seed 1] [--out benchmarks/results/game_policy_probe.json]
+           [--positions 200] [--seed 1] [--results DIR | --out FILE] [--dry]
+Writes benchmarks/results/game_policy_probe/default.json (`results_io`), or --out FILE.
+`--dry`: tiny-random as the only checkpoint, 4 positions, into a temporary folder.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results_io import add_result_args, result_path, write_result  # benchmarks/ on sys.path
 
 from rldojo.envs.game_rules import TicTacToe
 from rldojo.envs.games import TicTacToeEnv
 from rldojo.envs.games_expert import make_expert
 from rldojo.policy.base import chat_template_ids
-from rldojo.policy.models import load_model
+from rldojo.policy.models import TINY_RANDOM, load_model
 
-RESULTS = Path(__file__).parent / "results"
 RULES = TicTacToe()
 
 
@@ -131,17 +133,26 @@ def probe(checkpoint: str, boards: list[tuple[list[str], str]]) -> dict[str, Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoints", nargs="+", help="LABEL=PATH (a checkpoint directory)")
+    parser.add_argument("checkpoints", nargs="*", help="LABEL=PATH (a checkpoint directory)")
     parser.add_argument("--positions", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS / "game_policy_probe.json")
+    parser.add_argument("--out", type=Path, default=None, help="this file instead")
+    add_result_args(parser, "tiny-random as the only checkpoint, 4 positions")
     args = parser.parse_args()
+    if args.dry:
+        args.checkpoints, args.positions = [f"tiny={TINY_RANDOM}"], 4
+    if not args.checkpoints:
+        parser.error("give at least one LABEL=PATH")
+    name = "dry" if args.dry else "default"
+    args.out = args.out or result_path("game_policy_probe", name, args.results, dry=args.dry)
     boards = positions(args.positions, args.seed)
     result: dict[str, Any] = {"positions": args.positions, "seed": args.seed, "checkpoints": {}}
     if args.out.exists():  # keep the other checkpoints probed on the same positions
         old = json.loads(args.out.read_text())
         if (old.get("positions"), old.get("seed")) == (args.positions, args.seed):
             result["checkpoints"] = old.get("checkpoints", {})
+            # The manifest is rewritten for this run; the checkpoints kept name their own paths.
+            result["kept_from"] = old.get("manifest", {}).get("git")
     for spec in args.checkpoints:
         label, _, path = spec.partition("=")
         if not path:
@@ -153,9 +164,9 @@ def main() -> None:
               f"{row['p_block']:.3f} ({row['block_positions']})")  # fmt: skip
         if not math.isfinite(row["entropy_nats"]):
             raise SystemExit(f"{label}: non-finite entropy")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"-> {args.out}")
+    path = write_result("game_policy_probe", name, result, path=args.out, seed=args.seed,
+                        dry=args.dry)  # fmt: skip
+    print(f"-> {path}")
 
 
 if __name__ == "__main__":

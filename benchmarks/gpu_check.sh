@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 13, in one command (at most ~14 minutes on one H200: the sum of
+# The GPU checks, in one command (at most ~14 minutes on one H200: the sum of
 # the part limits below; ~8 when each part takes half its limit):
 #
 #   benchmarks/gpu_check.sh                    # on a CUDA machine
@@ -19,21 +19,23 @@
 #   6. vs_trl       benchmarks/vs_trl.py on the device (TRL in vLLM colocate mode when
 #                   vllm imports; rldojo's side alone when TRL is not installed), then
 #                   the same with --lora
-# Writes $OUT_DIR/gpu_check_<device>.json (OUT_DIR: benchmarks/results; with --dry a
-# temporary directory, so a smoke run never replaces real figures) with every part's
-# exit code, wall time, parsed JSON result and log tail, plus one file per benchmark.
+# Writes $OUT_DIR/gpu_check_<device>.json (OUT_DIR: benchmarks/results/gpu_check; with
+# --dry a temporary directory, so a smoke run never replaces real figures) with every
+# part's exit code, wall time, parsed JSON result and log tail, plus one file per
+# benchmark; each with the manifest of benchmarks/results_io.py.
 # Interpreter: $PYTHON, else .venv/bin/python, else python3 (with rldojo installed, and
 # on a GPU machine a CUDA build of torch). Models load offline (HF_HUB_OFFLINE=1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+ARGS="$*"  # before the loop below shifts them away: the manifests record the command
 DEVICE=cuda
 DRY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
     --dry) DRY=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -44,11 +46,13 @@ fi
 if [ "$DRY" = 1 ]; then
   OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/gpu_check_dry.XXXXXX)}"
 else
-  OUT_DIR="${OUT_DIR:-benchmarks/results}"
+  OUT_DIR="${OUT_DIR:-benchmarks/results/gpu_check}"
 fi
 WORK="$(mktemp -d /tmp/gpu_check_work.XXXXXX)"
 mkdir -p "$OUT_DIR" "$WORK/logs"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# For the manifests the two inline Python parts write (benchmarks/results_io.py).
+export GPU_CHECK_DRY="$DRY" GPU_CHECK_COMMAND="benchmarks/gpu_check.sh $ARGS"
 STARTED=$(date +%s)
 
 # part NAME LIMIT_S RESULT_JSON -- COMMAND...: run it, note rc and seconds for the summary.
@@ -105,8 +109,10 @@ fi
 part tokens "${LIMITS[2]}" "$OUT_DIR/gpu_tokens_$DEVICE.json" -- "$PY" - "$DEVICE" \
   "$OUT_DIR/gpu_tokens_$DEVICE.json" "$HAS_VLLM" "${TOKENS_ARGS[@]}" <<'PYEOF'
 """Tokens/s of each generation backend on one device, same prompts (arith-v1, T=1)."""
-import argparse, json, sys, time
+import argparse, json, os, sys, time
 import torch
+sys.path.insert(0, "benchmarks")
+from results_io import write_result
 from rldojo.envs.registry import make_env
 from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
@@ -154,7 +160,9 @@ if has_vllm and device.startswith("cuda"):
         result["vllm"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
 else:
     result["vllm"] = {"skipped": "vllm does not import" if not has_vllm else "not on CUDA"}
-json.dump(result, open(out, "w"), indent=2)
+write_result("gpu_check", f"tokens_{device}", result, path=out,
+             dry=os.environ["GPU_CHECK_DRY"] == "1", script="benchmarks/gpu_check.sh",
+             command=os.environ["GPU_CHECK_COMMAND"].split())
 print(json.dumps({k: v.get("tokens_per_s", v) if isinstance(v, dict) else v
                   for k, v in result.items()}))
 PYEOF
@@ -180,8 +188,10 @@ part vs_trl_lora "${LIMITS[4]}" "$OUT_DIR/vs_trl_${DEVICE}_lora.json" -- "$PY" b
 # The summary: every part's exit code, seconds, result JSON and log tail.
 SUMMARY="$OUT_DIR/gpu_check_$DEVICE.json"
 "$PY" - "$WORK" "$SUMMARY" "$DEVICE" "$DRY" "$(( $(date +%s) - STARTED ))" <<'PYEOF'
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from results_io import write_result
 work, summary, device, dry, wall = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 parts = {}
 for line in (work / "parts.txt").read_text().splitlines():
@@ -197,9 +207,9 @@ for line in (work / "parts.txt").read_text().splitlines():
         entry["log_tail"] = log.read_text()[-3000:] if log.exists() else ""
         entry["ok"] = int(rc) == 0
     parts[name] = entry
-out = {"benchmark": "gpu_check (issue 13)", "device": device, "dry": dry == "1",
-       "date": time.strftime("%Y-%m-%d %H:%M:%S"), "wall_s": int(wall), "parts": parts}
-Path(summary).write_text(json.dumps(out, indent=2) + "\n")
+out = {"device": device, "parts": parts}
+write_result("gpu_check", device, out, path=summary, dry=dry == "1", started=time.time() - int(wall),
+             script="benchmarks/gpu_check.sh", command=os.environ["GPU_CHECK_COMMAND"].split())
 failed = [n for n, p in parts.items() if p.get("exit_code") not in (0, None)]
 print(f"gpu_check: {len(parts)} parts in {wall}s, failed: {failed or 'none'}; wrote {summary}")
 sys.exit(1 if failed else 0)

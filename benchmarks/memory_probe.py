@@ -1,21 +1,23 @@
 """Where a training step's peak memory is: resident memory per phase of rldojo's step.
 
     python benchmarks/memory_probe.py [--steps N] [--set key=value ...]
+        [--results DIR | --out FILE] [--dry]
 
 Runs rldojo's side of `vs_trl.py` (same settings; `--set` adds config overrides, e.g.
 `optim.share_prompt=false`) and samples the process's resident set every 2 ms from a
 thread, labelled with the phase the step is in: `generate`, each micro-batch's forward
 and backward (`mb1`, `mb2`, ...; within a micro-batch, the decoder layer whose forward
 or backward last began: `mb2:f7`, `mb2:b29`), `clip`, `optimizer`. Writes the peak of
-each label per step to `benchmarks/results/memory_probe.json` and prints the labels
-whose peak is highest. Samples every 2 ms: a transient shorter than that can be missed,
-so read it for where memory goes, and `vs_trl.py` for the peak (`ru_maxrss`).
+each label per step to `benchmarks/results/memory_probe/default.json` (`results_io`; or
+`--out FILE`) and prints the labels whose peak is highest. `--dry`: `vs_trl.py --dry`'s
+shape (tiny-random, 2 x 4 samples of 8 tokens), one step, into a temporary folder.
+Samples every 2 ms: a transient shorter than that can be missed, so read it for where
+memory goes, and `vs_trl.py` for the peak (`ru_maxrss`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import tempfile
@@ -26,8 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vs_trl  # its settings and machine description
-
-RESULTS = Path(__file__).parent / "results" / "memory_probe.json"
+from results_io import add_result_args, write_result
 
 
 class Phases:
@@ -88,8 +89,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="this file instead")
+    add_result_args(parser, "vs_trl.py --dry's shape, one step, into a temporary folder")
     args = parser.parse_args()
+    if args.dry:
+        args.steps = 1
+        vs_trl.apply_modes(argparse.Namespace(device="cpu", lora=False, trl_vllm=False,
+                                              dry=True, no_gc=False))  # fmt: skip
     import torch
 
     from rldojo.config import load_config
@@ -124,9 +130,10 @@ def main() -> None:
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "steps": steps,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    label = "dry" if args.dry else "default"
+    path = write_result("memory_probe", label, result, out_dir=args.results, path=args.out,
+                        dry=args.dry)  # fmt: skip
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

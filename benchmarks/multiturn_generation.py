@@ -9,6 +9,7 @@ played by the trainer's transient generation copy, three ways on the same games:
 
     python benchmarks/multiturn_generation.py [--config examples/agentic_tictactoe.toml]
         [--model DIR] [--adapter DIR | --no-lora] [--games 128] [--repeats 2]
+        [--results DIR | --out FILE] [--dry]
 
 The model is `model.name` of the config (or `--model`, e.g. an SFT checkpoint) with the
 config's `model.lora` adapters: loaded from `--adapter` (an RL checkpoint), else fresh
@@ -17,15 +18,16 @@ the variants play nearly the same games); `--no-lora`: the model alone. Each var
 the config's held-out evaluation (greedy, the training's episode limits) on the first
 `--games` test tasks; variants alternate within each repeat so load drift hits all
 alike. Reported per variant: median seconds, prompt tokens reused from the cache,
-tokens generated, games won, and the ratio to `before`. Writes JSON to --out (default
-benchmarks/results/multiturn_generation.json).
+tokens generated, games won, and the ratio to `before`. Writes
+benchmarks/results/multiturn_generation/<config stem>.json (`results_io`), or --out FILE.
+`--dry`: tiny-random (LoRA on its top layer), 2 games of at most 16 tokens a turn, once,
+into a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -35,10 +37,10 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from machine_load import cpu_flags, load_average  # noqa: E402
+from results_io import add_result_args, write_result  # noqa: E402
 
 from rldojo.config import load_config  # noqa: E402
 from rldojo.policy.lora import add_lora, load_adapter  # noqa: E402
@@ -102,9 +104,13 @@ def main() -> None:
     parser.add_argument("--no-lora", action="store_true", help="the model without adapters")
     parser.add_argument("--games", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS / "multiturn_generation.json")
+    parser.add_argument("--out", type=Path, default=None, help="this file instead")
+    add_result_args(parser, "tiny-random, 2 games of 16 tokens a turn, once")
     args = parser.parse_args()
-    overrides = [f"eval.tasks={args.games}"]
+    dry = ["model.name=tiny-random", "model.lora.layers=[1]", "eval.max_new_tokens=16"]
+    if args.dry:  # tiny-random has 2 layers
+        args.games, args.repeats = 2, 1
+    overrides = [f"eval.tasks={args.games}", *(dry if args.dry else [])]
     cfg, precision, threads = resolve_resources(load_config(args.config, overrides))
     dtype = precision.torch_generation_dtype()
     lora = not args.no_lora
@@ -156,10 +162,12 @@ def main() -> None:
             "load_average": load_average(),
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    label = "dry" if args.dry else args.config.stem
+    path = write_result("multiturn_generation", label, result, out_dir=args.results,
+                        path=args.out, dry=args.dry)  # fmt: skip
     for name, row in summary.items():
         print(f"{name:>12}: {row['median_s']:.1f} s ({row['vs_before']:.2f}x before)")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -16,14 +16,15 @@ use before torch loads (an approximation: clock and caches stay this CPU's):
 On such a CPU forced bf16 is ~30x slower per matmul; `--skip-bf16` leaves that run out.
 
 Usage: python benchmarks/precision.py [--steps 2] [--model smollm2-135m-instruct]
-Writes benchmarks/results/precision-<capability>[-capped].json (one per CPU kind).
+    [--results DIR] [--dry]
+Writes benchmarks/results/precision/<capability>[-capped].json (one per CPU kind;
+`results_io`). `--dry`: tiny-random, 1 step of 2 x 2 samples, into a temporary folder.
 Run on an idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -33,12 +34,12 @@ from pathlib import Path
 
 import torch
 from machine_load import cpu_flags  # benchmarks/ is on sys.path
+from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.config import load_config
 from rldojo.hardware.precision import cached_probe, cpu_capability
 from rldojo.train.trainer import Trainer
 
-RESULTS = Path(__file__).parent / "results"
 ENV_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # kernel caps, recorded when set
 VARIANTS = {
     "auto": [],
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace, name: str) -> dict:
             "rollout.dynamic_sampling=false",
             f"run.output_dir={out}",
             "eval.tasks=0",
+            *args.shrink,
             *VARIANTS[name],
         ]
         trainer = Trainer(load_config(None, overrides), Path(out) / name)
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace, name: str) -> dict:
         "resolved": trainer.precision.as_dict(),
         "step_s": [m["time/step"] for m in steps],
         "generate_s": [m["time/generate"] for m in steps],
-        "train_s": [m["time/train"] for m in steps],
+        "train_s": [m.get("time/train", 0.0) for m in steps],  # 0: nothing informative
         "median_step_s": statistics.median(m["time/step"] for m in steps),
         "reward_mean": [m["reward/mean"] for m in steps],
     }
@@ -77,7 +79,15 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--skip-bf16", action="store_true")
+    add_result_args(parser, "tiny-random, 1 step of 2 x 2 samples, a temporary folder")
     args = parser.parse_args()
+    args.shrink = (
+        ["rollout.prompts_per_step=2", "rollout.group_size=2", "sampling.max_new_tokens=8"]
+        if args.dry
+        else []
+    )
+    if args.dry:
+        args.model, args.steps = "tiny-random", 1
     started = time.perf_counter()
     probe = cached_probe()
     names = [n for n in VARIANTS if not (args.skip_bf16 and n == "bf16")]
@@ -97,7 +107,7 @@ def main() -> None:
             "env": {k: v for k in ENV_CAPS if (v := os.environ.get(k)) is not None},
         },
         "probe_gflops": {"fp32": probe.fp32, "bf16": probe.bf16},
-        "settings": vars(args),
+        "settings": {k: v for k, v in vars(args).items() if k != "results"},
         "runs": runs,
         "fastest_forced": best,
         "ratio_auto_over_fastest": ratio,
@@ -105,9 +115,8 @@ def main() -> None:
         "wall_s": time.perf_counter() - started,
     }
     capped = "-capped" if any(k in os.environ for k in ENV_CAPS) else ""
-    path = RESULTS / f"precision-{capability.lower()}{capped}.json"  # one file per CPU kind
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    label = f"{capability.lower()}{capped}"  # one file per CPU kind
+    path = write_result("precision", label, result, out_dir=args.results, dry=args.dry)
     for name in names:
         r = runs[name]
         resolved = r["resolved"]

@@ -30,7 +30,10 @@ the runs already there (`--fresh` starts over). Sized to finish within an hour o
 it).
 
 Usage: python benchmarks/rho_ablation.py [--steps 7] [--seeds 3] [--eval-tasks 48]
-Writes benchmarks/results/rho_ablation.json and rho_ablation.png.
+    [--results DIR | --out FILE] [--dry]
+Writes benchmarks/results/rho_ablation/default.json (`results_io`; or --out FILE) and the
+plot beside it (default.png). `--dry`: tiny-random, arms top20 and full on `arith`, one
+seed, 1 step of 2 x 2 samples of 8 tokens, 2 held-out problems, into a temporary folder.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from machine_load import cpu_flags, cpu_probe, load_average  # benchmarks/ is on sys.path
+from results_io import add_result_args, result_path, write_result
 
-RESULTS = Path(__file__).parent / "results"
 ARMS: dict[str, list[str]] = {
     "top20": ["loss.rho=0.2", "loss.select=highest"],
     "full": ["loss.rho=1.0", "loss.select=highest"],
@@ -61,6 +64,10 @@ SHAPE = [
     "model.name=smollm2-135m-instruct", "rollout.prompts_per_step=8", "rollout.group_size=4",
     "sampling.max_new_tokens=40", "rollout.max_extra_rounds=0", "optim.micro_batch_size=16",
     "optim.lr=3e-5",
+]  # fmt: skip
+DRY_SHAPE = [
+    "model.name=tiny-random", "rollout.prompts_per_step=2", "rollout.group_size=2",
+    "sampling.max_new_tokens=8", "rollout.max_extra_rounds=0", "optim.lr=3e-5",
 ]  # fmt: skip
 
 
@@ -77,7 +84,7 @@ def run_one(task: str, arm: str, seed: int, args: argparse.Namespace) -> dict[st
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rho_ablation_") as out:
-        overrides = [*SHAPE, *TASKS[task], *ARMS[arm], f"run.seed={seed}",
+        overrides = [*args.shape, *TASKS[task], *ARMS[arm], f"run.seed={seed}",
                      f"run.steps={args.steps}", f"eval.tasks={args.eval_tasks}",
                      f"run.output_dir={out}"]  # fmt: skip
         cfg = load_config(None, overrides)
@@ -192,13 +199,22 @@ def main() -> None:
     parser.add_argument("--overlap-sequences", type=int, default=32)
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--out", type=Path, default=RESULTS / "rho_ablation.json")
+    parser.add_argument("--out", type=Path, default=None, help="this file instead")
     parser.add_argument("--fresh", action="store_true", help="ignore finished runs")
+    add_result_args(parser, "tiny-random, 2 arms, 1 seed, 1 step of 2 x 2, 2 problems")
     args = parser.parse_args()
+    args.shape = DRY_SHAPE if args.dry else SHAPE
+    if args.dry:
+        args.steps, args.seeds, args.eval_tasks, args.overlap_sequences = 1, 1, 2, 2
+        args.tasks, args.arms = "arith", "top20,full"
+    label = "dry" if args.dry else "default"
+    args.out = args.out or result_path("rho_ablation", label, args.results, dry=args.dry)
     doc: dict[str, Any] = {"runs": []}
     if args.out.exists() and not args.fresh:
         doc = json.loads(args.out.read_text())
-    shape = {"steps": args.steps, "eval_tasks": args.eval_tasks, "overrides": SHAPE}
+        # A resumed file keeps the runs; the manifest is this run's, and names the last.
+        doc["resumed_from"] = doc.pop("manifest", {}).get("git")
+    shape = {"steps": args.steps, "eval_tasks": args.eval_tasks, "overrides": args.shape}
     if doc.get("shape", shape) != shape:
         raise SystemExit(f"{args.out} holds runs of another shape {doc['shape']}; use --fresh")
     done = {(r["task"], r["arm"], r["seed"]) for r in doc["runs"]}
@@ -214,10 +230,7 @@ def main() -> None:
                 record = run_one(task, arm, seed, args) | {"load_before": load}
                 doc["runs"].append(record)
                 doc["summary"] = summarize(doc["runs"])
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                tmp = args.out.with_suffix(".tmp")
-                tmp.write_text(json.dumps(doc, indent=1) + "\n")
-                tmp.replace(args.out)
+                write_result("rho_ablation", label, doc, path=args.out, dry=args.dry)
                 print(
                     f"{task} {arm} seed {seed}: {record['before']['accuracy']:.1%} -> "
                     f"{record['after']['accuracy']:.1%} in {record['wall_s']:.0f}s "
@@ -225,8 +238,9 @@ def main() -> None:
                     flush=True,
                 )
     doc["summary"] = summarize(doc["runs"])
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_result("rho_ablation", label, doc, path=args.out, dry=args.dry)
     plot(doc["summary"], args.out.with_suffix(".png"))
+    print(f"wrote {args.out}")
     print(json.dumps({t: {a: round(v["accuracy_after"], 3) for a, v in arms.items()}
                       for t, arms in doc["summary"].items()}, indent=1))  # fmt: skip
 

@@ -13,8 +13,9 @@ alternate so that background load hits both alike. Targets (issue): >= 80 sandbo
 runs/s for a trivial program on 2 cores, and per-run overhead <= 2.5x plain subprocess.
 A third measure grades HumanEval canonical solutions end to end (`check_solution`).
 
-Usage: ``python benchmarks/sandbox_throughput.py [--runs 400]``; writes
-``benchmarks/results/sandbox_throughput.json``.
+Usage: ``python benchmarks/sandbox_throughput.py [--runs 400] [--results DIR] [--dry]``;
+writes ``benchmarks/results/sandbox_throughput/default.json`` (`results_io`; `--dry`: 8
+runs in 2 blocks and 2 problems, into a temporary folder).
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+
+from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.graders.code.grader import CodeTestsGrader, check_solution, load_humaneval
 from rldojo.sandbox import SandboxPool, probe
 from rldojo.sandbox.bwrap import DEFAULT_PYTHON, bwrap_version, find_bwrap
 
 TRIVIAL = "print('hello')"
-RESULT = Path(__file__).parent / "results" / "sandbox_throughput.json"
 
 
 def plain_run() -> None:
@@ -116,7 +117,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=400, help="runs per measurement")
     parser.add_argument("--blocks", type=int, default=4, help="alternating blocks")
     parser.add_argument("--humaneval", type=int, default=40, help="problems to grade")
+    add_result_args(parser, "8 runs in 2 blocks, 2 problems, into a temporary folder")
     args = parser.parse_args()
+    if args.dry:
+        args.runs, args.blocks, args.humaneval = 8, 2, 2
     cpus = os.cpu_count() or 1
     levels = (cpus, 2 * cpus)  # concurrency: one per core, and two (hides kernel waits)
     info = machine_info()
@@ -160,9 +164,10 @@ def main() -> None:
         "runs_per_s": result["sandbox"]["runs_per_s"] >= 80,
         "overhead": result["ratio_median_latency"] <= 2.5,
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    label = "dry" if args.dry else "default"
+    path = write_result("sandbox_throughput", label, result, out_dir=args.results, dry=args.dry)
     print(json.dumps(result, indent=2))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Do fully masked attention rows (left padding) put NaN into gradients? Plain SDPA vs
 rldojo's `SAFE_SDPA` (`rldojo.policy.attention`), on this machine's device.
 
-    python benchmarks/sdpa_padding_check.py [--device cuda] [--out FILE]
+    python benchmarks/sdpa_padding_check.py [--device cuda] [--results DIR | --out FILE] [--dry]
 
 1. `kernels`: `F.scaled_dot_product_attention` alone, per SDPA backend (default, flash,
    efficient, math; cuDNN on CUDA) and dtype, over left-padded batches of several
@@ -15,7 +15,9 @@ rldojo's `SAFE_SDPA` (`rldojo.policy.attention`), on this machine's device.
 3. `cost`: a SmolLM2-shaped model's forward on 8 left-padded rows of 1024 tokens, "sdpa"
    vs `SAFE_SDPA` (bf16 autocast, medians of 3): what the mask's extra pass costs.
 Needs torch and transformers only (PYTHONPATH=src for rldojo.policy.attention). Writes
-JSON to --out (default benchmarks/results/sdpa_padding_check_<device>.json).
+benchmarks/results/sdpa_padding_check/<device>.json (`results_io`), or --out FILE.
+`--dry`: the two shortest lengths, and the cost on 2 layers x 64 tokens once, into a
+temporary folder.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import add_result_args, write_result
+
 from rldojo.policy.attention import SAFE_SDPA, use_safe_sdpa
 
 LENGTHS = [(24, 3), (64, 17), (100, 40), (129, 64), (256, 130)]  # (L, padding of row 1)
@@ -120,19 +125,19 @@ def model(device: str) -> list[dict]:
     return out
 
 
-def cost(device: str, reps: int = 3) -> dict:
+def cost(device: str, reps: int = 3, tokens: int = 1024, layers: int = 30) -> dict:
     """Seconds per no-grad forward of a SmolLM2-135M-shaped Llama (random weights) on 8
     left-padded rows of 1024 tokens, "sdpa" vs `SAFE_SDPA` interleaved; medians. What the
     mask's extra pass costs against the forward it belongs to."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=30, num_attention_heads=9,
+                         num_hidden_layers=layers, num_attention_heads=9,
                          num_key_value_heads=3, tie_word_embeddings=True)  # fmt: skip
     net = LlamaForCausalLM(config).to(device).eval()
-    ids = torch.randint(3, 49152, (8, 1024), device=device)
-    am = torch.ones(8, 1024, dtype=torch.long, device=device)
-    am[1, :300], am[2, :700], am[3, :50] = 0, 0, 0
+    ids = torch.randint(3, 49152, (8, tokens), device=device)
+    am = torch.ones(8, tokens, dtype=torch.long, device=device)
+    am[1, : tokens * 300 // 1024], am[2, : tokens * 700 // 1024], am[3, : tokens // 20] = 0, 0, 0
     pos = (am.cumsum(-1) - 1).clamp(min=0)
     times: dict[str, list[float]] = {"sdpa": [], SAFE_SDPA: []}
     for _ in range(reps + 1):  # the first round warms up
@@ -149,22 +154,27 @@ def cost(device: str, reps: int = 3) -> dict:
             sync()
             times[attention].append(time.perf_counter() - t0)
     median = {k: statistics.median(v[1:]) for k, v in times.items()}
-    return {"shape": [8, 1024], "forward_s": median,
+    return {"shape": [8, tokens], "layers": layers, "forward_s": median,
             "overhead": median[SAFE_SDPA] / median["sdpa"] - 1}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="this file instead")
+    add_result_args(parser, "the two shortest lengths; the cost on 2 layers x 64 tokens, once")
     args = parser.parse_args()
-    out = args.out or Path(__file__).parent / "results" / f"sdpa_padding_check_{args.device}.json"
+    if args.dry:
+        del LENGTHS[2:]
+    shrink = {"reps": 1, "tokens": 64, "layers": 2} if args.dry else {}
     result = {"device": args.device, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
               "kernels": kernels(args.device), "model": model(args.device),
-              "cost": cost(args.device)}  # fmt: skip
-    out.write_text(json.dumps(result, indent=2))
+              "cost": cost(args.device, **shrink)}  # fmt: skip
+    path = write_result("sdpa_padding_check", args.device, result, out_dir=args.results,
+                        path=args.out, seed=0, dry=args.dry)  # fmt: skip
     print(json.dumps(result, indent=1))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -10,15 +10,15 @@ resolved precision of this machine): one Trainer samples `--batches` batches onc
 times, each from the same weights and optimizer state. It also records how far the two
 settings' weights end up apart (float summation order only).
 
-Usage: python benchmarks/selected_logits.py [--batches 2] [--reps 3]
-Writes benchmarks/results/selected_logits.json. Run on an idle machine.
+Usage: python benchmarks/selected_logits.py [--batches 2] [--reps 3] [--results DIR] [--dry]
+Writes benchmarks/results/selected_logits/default.json (`results_io`). Run on an idle
+machine. `--dry`: tiny-random, one batch of 2 x 2 samples, into a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import platform
 import statistics
@@ -28,11 +28,10 @@ from pathlib import Path
 
 import torch
 from machine_load import cpu_flags, cpu_probe, load_average  # benchmarks/ is on sys.path
+from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.config import load_config
 from rldojo.train.trainer import Trainer
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> None:
@@ -40,11 +39,19 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)
+    add_result_args(parser, "tiny-random, 1 batch of 2 x 2 samples, once, a temporary folder")
     args = parser.parse_args()
+    shrink = (
+        ["rollout.prompts_per_step=2", "rollout.group_size=2", "sampling.max_new_tokens=8"]
+        if args.dry
+        else []
+    )
+    if args.dry:
+        args.model, args.batches, args.reps = "tiny-random", 1, 1
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         overrides = [f"model.name={args.model}", "rollout.dynamic_sampling=false",
-                     f"run.output_dir={out}", "eval.tasks=0"]  # fmt: skip
+                     f"run.output_dir={out}", "eval.tasks=0", *shrink]  # fmt: skip
         trainer = Trainer(load_config(None, overrides), Path(out) / "run")
         try:
             trainer.step()  # warm-up: allocator, kernels, optimizer state
@@ -95,7 +102,7 @@ def main() -> None:
             "fp32_gflops_probe_end": cpu_probe(),
         },
         "precision": precision,
-        "settings": vars(args),
+        "settings": {k: v for k, v in vars(args).items() if k != "results"},
         "policy_tokens_per_batch": tokens["selected_tokens"],
         "train_s": times,
         "median_train_s": median,
@@ -103,9 +110,8 @@ def main() -> None:
         "max_abs_weight_difference": diff,
         "wall_s": time.perf_counter() - started,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "selected_logits.json"
-    path.write_text(json.dumps(result, indent=2))
+    label = "dry" if args.dry else "default"
+    path = write_result("selected_logits", label, result, out_dir=args.results, dry=args.dry)
     print(f"train_on over {args.batches} batches: all tokens {median['all_tokens']:.1f}s, "
           f"selected {median['selected_tokens']:.1f}s = {result['speedup']:.2f}x; "
           f"max weight difference {diff:.2e}; wrote {path}")  # fmt: skip

@@ -12,9 +12,12 @@
    bound the run: the 50 queued jobs never train).
 5. Baseline: 400 reads of the same mix, same threads, with nothing training.
 
-Writes benchmarks/results/service_load.json (or `--out`): failures, p50/p95/p99/max read
-latency under load and at baseline, and their ratio. Loopback only; no network.
+Writes benchmarks/results/service_load/default.json (`results_io`; or `--out FILE`):
+failures, p50/p95/p99/max read latency under load and at baseline, and their ratio.
+Loopback only; no network. `--dry`: 2 jobs from 2 clients, 20 reads (baseline too), into
+a temporary folder.
 Usage: python benchmarks/service_load.py [--reads 2000] [--jobs 50] [--clients 5]
+    [--results DIR | --out FILE] [--dry]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
+from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 KEYS = ("sk-load-a", "sk-load-b")
 GRADER = {
@@ -149,8 +153,11 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--clients", type=int, default=5)
-    ap.add_argument("--out", default="benchmarks/results/service_load.json")
+    ap.add_argument("--out", type=Path, default=None, help="this file instead")
+    add_result_args(ap, "2 jobs from 2 clients, 20 reads, into a temporary folder")
     args = ap.parse_args()
+    if args.dry:
+        args.reads, args.jobs, args.clients = 20, 2, 2
     data = Path(tempfile.mkdtemp(prefix="rldojo-service-load-"))
     proc, url = start(data)
     started = time.perf_counter()
@@ -244,7 +251,7 @@ def main() -> None:
             c = clients[0] if job_id in set(all_jobs(clients[0])) else clients[1]
             c.fine_tuning.jobs.cancel(job_id)
         # Baseline after: same mix, nothing training now.
-        base, _, base_fail = reads(clients, 400, owned, args.clients)
+        base, _, base_fail = reads(clients, min(400, args.reads), owned, args.clients)
         result = {
             "what": "rldojo service under load on loopback (benchmarks/service_load.py)",
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -264,12 +271,14 @@ def main() -> None:
             "p99_ratio_training_vs_idle": round(pct(lat, 0.99) / max(pct(base, 0.99), 1e-3), 2),
             "training_job_running_after_reads": still_running,
             "training_steps_logged_by_end": steps_during,
-            "after": "all 51 jobs cancelled after the reads to bound the run (the 50 queued "
-            "jobs never trained)",
+            "after": f"all {len(job_ids)} jobs cancelled after the reads to bound the run (the "
+            f"{len(created)} queued jobs never trained)",
             "wall_s": round(time.perf_counter() - started, 1),
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        label = "dry" if args.dry else "default"
+        out = write_result("service_load", label, result, out_dir=args.results, path=args.out,
+                           dry=args.dry)  # fmt: skip
+        print(f"wrote {out}")
         print(
             json.dumps(
                 {

@@ -1,6 +1,7 @@
 """vLLM on the CPU vs rldojo's native sampler: generation tokens/s, and vLLM's weight reload.
 
     .venv/bin/python benchmarks/vllm_cpu.py [--batches 8 64] [--max-new-tokens 128]
+        [--results DIR] [--dry]
 
 Needs `.venv-vllm` (`make test-vllm` builds it). Each side runs in a child process of its
 own virtualenv, one after the other, so they never share the cores:
@@ -21,10 +22,13 @@ stop at end-of-sequence, so tokens/s counts the tokens each side actually genera
 trainer's weights `--reloads` times (`update_weights`: merge, hand over, drop the prefix
 cache). Each side gets `--threads` torch threads (default: every core).
 
-Writes ``benchmarks/results/vllm_cpu.json``: per side and batch size the wall time,
-tokens, tokens/s, mean length and the 1-minute load average before and after (other
-work on the machine inflates wall times); the ratio vllm / native per batch size; the
-reload times; the CPU's `lscpu` flags and the package versions of each side.
+Writes ``benchmarks/results/vllm_cpu/default.json`` (`results_io`): per side and batch
+size the wall time, tokens, tokens/s, mean length and the 1-minute load average before
+and after (other work on the machine inflates wall times); the ratio vllm / native per
+batch size; the reload times; the CPU's `lscpu` flags and the package versions of each
+side. `--dry`: tiny-random, one batch of 8, 8 tokens, one reload, into a temporary
+folder; without `.venv-vllm` the native side alone (the vLLM side is recorded as
+skipped).
 """
 
 from __future__ import annotations
@@ -43,9 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from machine_load import cpu_flags, load_average  # benchmarks/ is on sys.path
+from results_io import add_result_args, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "vllm_cpu.json"
 VENVS = {"native": ROOT / ".venv", "vllm": ROOT / ".venv-vllm"}
 GROUP = 8
 
@@ -62,7 +66,7 @@ def side_main(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)  # before vLLM starts: it makes this a no-op
     dtype = resolve_precision(autocast_bf16=False).torch_generation_dtype()
-    model, tokenizer = load_model("smollm2-135m-instruct")
+    model, tokenizer = load_model(args.model)
     model.eval()
     t0 = time.perf_counter()
     if args.side == "native":
@@ -118,7 +122,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"{python} missing: `make install` / `make test-vllm` build it")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{side}.json"
-        cmd = [str(python), __file__, "--side", side, "--out", str(out),
+        cmd = [str(python), __file__, "--side", side, "--out", str(out), "--model", args.model,
                "--threads", str(args.threads), "--max-new-tokens", str(args.max_new_tokens),
                "--reloads", str(args.reloads), "--batches", *map(str, args.batches)]  # fmt: skip
         env = os.environ | {"TQDM_DISABLE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
@@ -134,38 +138,51 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--reloads", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--model", default="smollm2-135m-instruct", help=argparse.SUPPRESS)
+    add_result_args(parser, "tiny-random, one batch of 8, 8 tokens, 1 reload; native alone "
+                    "without .venv-vllm")  # fmt: skip
     args = parser.parse_args()
     if args.side:  # a child: one side, its JSON to --out
         args.out.write_text(json.dumps(side_main(args)))
         return
+    if args.dry:
+        args.model, args.batches, args.max_new_tokens, args.reloads = "tiny-random", [8], 8, 1
     started = time.perf_counter()
-    sides = {side: run_side(side, args) for side in ("native", "vllm")}
-    if sides["native"]["prompts_sha256"] != sides["vllm"]["prompts_sha256"]:
-        raise SystemExit("the two sides tokenized different prompts")
-    ratios = {
-        str(n["batch"]): round(v["tokens_per_s"] / n["tokens_per_s"], 2)
-        for n, v in zip(sides["native"]["runs"], sides["vllm"]["runs"], strict=True)
-    }
+    names = ["native", "vllm"]
+    skipped = {}
+    if args.dry and not (VENVS["vllm"] / "bin" / "python").exists():
+        names, skipped = ["native"], {"vllm": f"{VENVS['vllm']} missing (a dry run goes on)"}
+    sides = {side: run_side(side, args) for side in names}
+    ratios = {}
+    if "vllm" in sides:
+        if sides["native"]["prompts_sha256"] != sides["vllm"]["prompts_sha256"]:
+            raise SystemExit("the two sides tokenized different prompts")
+        ratios = {
+            str(n["batch"]): round(v["tokens_per_s"] / n["tokens_per_s"], 2)
+            for n, v in zip(sides["native"]["runs"], sides["vllm"]["runs"], strict=True)
+        }
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
     flags = next((ln.split(":", 1)[1].split() for ln in lscpu.splitlines()
                   if ln.startswith("Flags")), [])  # fmt: skip
     model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines()
                   if ln.startswith("Model name")), platform.processor())  # fmt: skip
     result = {
-        "settings": {"model": "smollm2-135m-instruct", "env": "arith-v1", "group": GROUP,
+        "settings": {"model": args.model, "env": "arith-v1", "group": GROUP,
                      "batches": args.batches, "max_new_tokens": args.max_new_tokens,
                      "temperature": 1.0, "seed": 0, "threads": args.threads},
         "machine": {"cpu": model, "cores": len(os.sched_getaffinity(0)),
                     "vector_flags": cpu_flags(), "lscpu_flags": flags},
         "sides": sides,
+        "skipped": skipped,
         "tokens_per_s_ratio_vllm_over_native": ratios,
-        "reload_s_median": statistics.median(sides["vllm"]["reload_s"] or [0.0]),
+        "reload_s_median": statistics.median(sides.get("vllm", {}).get("reload_s") or [0.0]),
         "wall_s": round(time.perf_counter() - started, 1),
     }  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    label = "dry" if args.dry else "default"
+    path = write_result("vllm_cpu", label, result, out_dir=args.results, seed=0, dry=args.dry)
     print(json.dumps({"ratio_vllm_over_native": ratios,
                       "reload_s_median": result["reload_s_median"]}))  # fmt: skip
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python benchmarks/vs_trl.py [--steps N] [--device cpu|cuda] [--lora] [--trl-vllm]
     python benchmarks/vs_trl.py --dry --sides rldojo     # a smoke run of the machinery
 
-GPU and LoRA (issue 13): `--device cuda` puts both sides on the GPU (rldojo
+GPU and LoRA: `--device cuda` puts both sides on the GPU (rldojo
 `run.device=cuda`, bf16 autocast; TRL `use_cpu=False`, `bf16=True`) and records each
 side's peak CUDA memory (`torch.cuda.max_memory_allocated`) beside its peak RSS;
 `--trl-vllm` gives TRL its vLLM colocate mode; `--lora` trains LoRA adapters on both
@@ -12,7 +12,9 @@ projections). `--dry` shrinks everything (tiny-random, 2x4 samples of 8 tokens, 
 step) to check the machinery on any machine; `--sides rldojo` runs rldojo's side alone
 (no TRL needed; no comparison).
 
-runs both trainers on the same problem and writes `benchmarks/results/vs_trl.json`:
+runs both trainers on the same problem and writes
+`benchmarks/results/vs_trl/<device>[_lora][_rldojo_only].json` (`results_io`; `--results
+DIR` for another folder, `--out FILE` for one file; `--dry` into a temporary folder):
 
 * same model: SmolLM2-135M-Instruct (rldojo's built-in; TRL loads `smollm2_dir()`, the
   same weights as safetensors), full fine-tuning, AdamW, lr 2e-5, betas (0.9, 0.99),
@@ -73,8 +75,8 @@ from pathlib import Path
 from typing import Any
 
 from machine_load import cpu_probe, load_average  # benchmarks/ is on sys.path
+from results_io import results_dir, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results" / "vs_trl.json"
 TIME_TARGET = 0.7
 """rldojo step time / TRL step time must be at most this (the issue's target)."""
 MEMORY_TARGET = 0.8
@@ -145,10 +147,15 @@ def reward_summary(values: list[float]) -> dict[str, float]:
 
 
 def environment_info(threads: int) -> dict[str, Any]:
+    import importlib.metadata
+
     import torch
     import transformers
-    import trl
 
+    try:  # rldojo's side alone (`--sides rldojo`, memory_probe.py) runs without TRL
+        trl_version: str | None = importlib.metadata.version("trl")
+    except importlib.metadata.PackageNotFoundError:
+        trl_version = None
     cpu = platform.processor() or platform.machine()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -162,7 +169,7 @@ def environment_info(threads: int) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "trl": trl.__version__,
+        "trl": trl_version,
     }
 
 
@@ -806,7 +813,10 @@ def main() -> None:
     parser.add_argument("--no-gc", action="store_true",
                         help="no activation checkpointing on either side (TRL's default "
                         "gradient checkpointing off, rldojo's left off)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None, help="this file instead")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="folder of the results (default: $RLDOJO_RESULTS_DIR, else "
+                        "benchmarks/results; with --dry a new temporary folder)")  # fmt: skip
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where both sides train (and generate)")  # fmt: skip
     parser.add_argument("--lora", action="store_true", help="LoRA adapters on both sides")
@@ -844,10 +854,17 @@ def main() -> None:
         "prompts_identical": True,
         "comparison": compare(ours, trl),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    path = _write(args, result)
     print_table(result)
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {path}")
+
+
+def _write(args: argparse.Namespace, result: dict[str, Any]) -> Path:
+    label = args.device + "_lora" * args.lora + "_rldojo_only" * (args.sides == "rldojo")
+    if args.out is None:  # resolved here so that a dry run's folder is made only once
+        args.results = results_dir(args.results, dry=args.dry)
+    return write_result("vs_trl", label, result, out_dir=args.results, path=args.out,
+                        dry=args.dry)  # fmt: skip
 
 
 def write_rldojo_only(args: argparse.Namespace, ours: dict[str, Any]) -> None:
@@ -858,10 +875,9 @@ def write_rldojo_only(args: argparse.Namespace, ours: dict[str, Any]) -> None:
         "shared_settings": SHARED, "rldojo_git": git_state(), "rldojo": ours,
         "summary": summarise(ours),
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    path = _write(args, result)
     print(json.dumps(result["summary"], indent=2))
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 VARIANTS = {"crm_scaled": "crm", "crm_success_kl": "crm", "ttt_scaled": "tictactoe"}
+# Both layouts: the legacy flat files and benchmarks/results/agentic_pipeline/.
+GPU_RESULTS = ("agentic_*_gpu_*.json", "agentic_pipeline/*_gpu_*.json")
 
 
 def _digests() -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in RESULTS.glob("agentic_*_gpu_*.json")}  # fmt: skip
+            for pattern in GPU_RESULTS for p in RESULTS.glob(pattern)}  # fmt: skip
 
 
 def test_dry_run_trains_every_variant_and_keeps_the_committed_results(tmp_path):
@@ -29,12 +31,15 @@ def test_dry_run_trains_every_variant_and_keeps_the_committed_results(tmp_path):
                           capture_output=True, text=True, timeout=420)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for variant, env_name in VARIANTS.items():
-        result = json.loads((tmp_path / f"agentic_{env_name}_dry_{variant}.json").read_text())
+        path = tmp_path / "agentic_pipeline" / f"{env_name}_dry_{variant}.json"
+        result = json.loads(path.read_text())
+        assert result["manifest"]["dry"] is True
         assert result["rl"]["steps"] == 2 and result["rl"]["stopped"] == "steps"
         assert all(s.startswith("ok/") for s in result["rl"]["statuses"])
         assert (tmp_path / f"{variant}.tgz").stat().st_size > 0
     assert _digests() == before
     assert not list(RESULTS.glob("agentic_*_dry_*.json"))
+    assert not list(RESULTS.glob("agentic_pipeline/*_dry_*.json"))
 
 
 def test_a_failed_pipeline_fails_the_script(tmp_path):
@@ -46,4 +51,4 @@ def test_a_failed_pipeline_fails_the_script(tmp_path):
     failed = done.stdout.strip().splitlines()[-1]
     assert failed.startswith("agentic_gpu: failed:")
     assert set(failed.split(":")[2].split("(")[0].split()) == set(VARIANTS)
-    assert not list(tmp_path.glob("agentic_*.json"))
+    assert not list(tmp_path.glob("**/*.json"))
