@@ -29,8 +29,9 @@ sandbox-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap chromium; }
 
+# rldojo train with no config, its summary recorded as benchmarks/results/quickstart/<cpu>.json
 quickstart: $(STAMP)
-	$(VENV)/bin/rldojo train
+	$(PY) benchmarks/quickstart.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

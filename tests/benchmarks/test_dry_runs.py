@@ -77,6 +77,9 @@ CASES = [
           lambda r: r["modes"]["dry"] and "summary" in r and r["rldojo"], "--sides", "rldojo"),
     _case("service_load", "dry.json",
           lambda r: r["jobs_created"] == 2 and r["jobs_lost"] == [] and r["read_failures"] == []),
+    _case("quickstart", "dry.json",
+          lambda r: r["steps"] == 2 and r["heldout_tasks"] == 8 and len(r["per_step"]) == 2
+          and r["gain"] == r["accuracy_after"] - r["accuracy_before"], "--label", "dry"),
     _case("agentic_pipeline", "tictactoe.json",
           lambda r: r["rl"]["steps"] == 2 and "sft_to_sft_rl" in r["paired"],
           "--envs", "tictactoe-v1"),
