@@ -205,8 +205,7 @@ class OptimConfig(_Section):
     mask is chosen once per rollout batch, before any step. With `mini_batches` or
     `epochs` above 1 the pre-update log-probs are taken by one no-grad forward over the
     batch (it costs about a third of a training pass). The default stays 1: on the
-    quickstart (AVX2 EPYC, one run each) 2 mini-batches reached 19.5% held-out accuracy
-    where 1 reached 65.6%, in about the same time (8 min 38 s vs 8 min 19 s)."""
+    quickstart 2 mini-batches learned less in the same time (docs/training.md)."""
     epochs: int = Field(1, gt=0)
     """Passes over the rollout batch (PPO epochs); each pass takes `mini_batches` steps."""
     share_prompt: bool = True

@@ -2,7 +2,7 @@
 
 torch's intra-op pool spins its threads: two pools busy on the same cores at once are far
 slower than one (a linear layer ran ~25x slower with 2 threads than with 1 on a
-2-core machine that was busy with other work, issue 11). The plan:
+2-core machine that was busy with other work). The plan:
 
 - the trainer (and in-process generation, which runs between training phases) uses
   every core this process may run on (`run.threads` overrides; so does
