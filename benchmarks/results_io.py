@@ -5,7 +5,8 @@ Every script in benchmarks/ writes through `write_result`:
     benchmarks/results/<benchmark>/<label>.json = {"manifest": {...}, **values}
 
 The manifest records what produced the numbers: the git commit and whether the tree was
-dirty, the exact command line (interpreter first), the producing script's path in the
+dirty, taken when the script started (and again when it writes, if a commit came
+between), the exact command line (interpreter first), the producing script's path in the
 repository, the machine (CPU model, vector flags, cores, GPU), the python / torch /
 transformers versions, the seed, the UTC date and the wall time. `MANIFEST_KEYS` is the
 contract that tests/benchmarks/test_provenance.py checks on every committed result.
@@ -92,6 +93,11 @@ def git_state() -> dict[str, Any]:
     return {"commit": _git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
+# The code that ran is the checkout at the start; a commit made while a long benchmark
+# runs is recorded beside it (`at_write`), not in its place.
+GIT_AT_START = git_state()
+
+
 def _cpu_info() -> tuple[str | None, list[str]]:
     model: str | None = None
     flags: list[str] = []
@@ -167,7 +173,7 @@ def manifest(
         "label": label,
         "script": script or _script(),
         "command": command or [sys.executable, *sys.argv],
-        "git": git_state(),
+        "git": _git_record(),
         "machine": machine(),
         "versions": {
             "python": platform.python_version(),
@@ -181,6 +187,12 @@ def manifest(
         "started": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
         "wall_s": round(now - started, 3),
     }
+
+
+def _git_record() -> dict[str, Any]:
+    """The checkout the process started from; what it is now too, when that differs."""
+    now = git_state()
+    return dict(GIT_AT_START) if now == GIT_AT_START else {**GIT_AT_START, "at_write": now}
 
 
 def write_result(
