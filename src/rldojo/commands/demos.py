@@ -28,6 +28,8 @@ from typing import Annotated, Any
 
 import typer
 
+from rldojo.commands.ui import parse_env_kwargs
+
 
 def register(app: typer.Typer) -> None:
     """Add `rldojo demos` to the app."""
@@ -38,7 +40,7 @@ def _env_of(
     spec: str, env_kwargs: str | None, overrides: list[str]
 ) -> tuple[str, dict[str, Any], str | None]:
     """`(env id, kwargs, config file or None)` from ENV (an id or a TOML config)."""
-    extra = _env_kwargs(env_kwargs) if env_kwargs is not None else {}
+    extra = parse_env_kwargs(env_kwargs) if env_kwargs is not None else {}
     if not spec.endswith(".toml"):
         if overrides:
             raise ValueError("--set needs a CONFIG.toml in place of ENV")
@@ -50,16 +52,6 @@ def _env_of(
         raise ConfigError(f"{spec}: env.mix: rldojo demos plays one environment; set env.id "
                           "and env.kwargs (or pass an environment id)")  # fmt: skip
     return env.id, {**env.kwargs, **extra}, spec
-
-
-def _env_kwargs(text: str) -> dict[str, Any]:
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--env-kwargs is not valid JSON: {exc}") from None
-    if not isinstance(kwargs, dict):
-        raise ValueError(f"--env-kwargs must be a JSON object, got {type(kwargs).__name__}")
-    return kwargs
 
 
 def _check_out(out: Path) -> None:

@@ -16,11 +16,11 @@ evaluates the run's last weights on the tasks and prompts it trained on.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rldojo.commands.ui import parse_env_kwargs
 from rldojo.config import ConfigError, load_config
 from rldojo.policy.models import ModelLoadError
 from rldojo.store.checkpoint import latest_checkpoint
@@ -84,11 +84,5 @@ def _given(
 ) -> dict[str, Any]:
     given: dict[str, Any] = {"env": env, "max_new_tokens": max_new_tokens, "max_turns": max_turns}
     if env_kwargs is not None:
-        try:
-            kwargs = json.loads(env_kwargs)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--env-kwargs is not valid JSON: {exc}") from None
-        if not isinstance(kwargs, dict):
-            raise ValueError(f"--env-kwargs must be a JSON object, got {type(kwargs).__name__}")
-        given["env_kwargs"] = kwargs
+        given["env_kwargs"] = parse_env_kwargs(env_kwargs)
     return {k: v for k, v in given.items() if v is not None}

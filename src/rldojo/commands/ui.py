@@ -9,6 +9,9 @@ template, a port in use) is printed as one line by `fail` with exit code 2
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -16,7 +19,7 @@ from rich.markup import escape
 from rldojo.config import ConfigError, ConfigValueError
 from rldojo.train.stops import EXIT_USAGE
 
-__all__ = ["console", "err_console", "fail", "user_errors"]
+__all__ = ["console", "err_console", "fail", "parse_env_kwargs", "user_errors"]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -26,6 +29,17 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
     """One error line on stderr, then exit `code` (2: bad input; see `rldojo.train.stops`)."""
     err_console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+def parse_env_kwargs(text: str) -> dict[str, Any]:
+    """`--env-kwargs JSON` as a dict; a `ValueError` naming the option otherwise."""
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--env-kwargs is not valid JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--env-kwargs must be a JSON object, got {type(kwargs).__name__}")
+    return kwargs
 
 
 def user_errors() -> tuple[type[Exception], ...]:
