@@ -206,3 +206,146 @@ def test_every_config_field_has_a_docstring():
         }
         missing += [f"{model.__name__}.{f}" for f in model.model_fields if f not in documented]
     assert missing == []
+
+
+# --- None from TOML: the string "none" for a key whose type admits None ---------------
+
+
+@pytest.mark.parametrize("text", ['"none"', '"None"', '"NONE"'])
+def test_none_text_in_a_toml_file_is_none_for_a_key_that_admits_none(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(f"[loss]\ntis_cap = {text}\n[model]\nlora = {text}\n")
+    cfg = load_config(path)
+    assert cfg.loss.tis_cap is None  # its default is 2.0
+    assert cfg.model.lora is None
+    assert load_config().loss.tis_cap == 2.0
+
+
+def test_none_from_set(tmp_path):
+    assert load_config(None, ["loss.tis_cap=none"]).loss.tis_cap is None
+    assert load_config(None, ["loss.tis_cap=None"]).loss.tis_cap is None
+    assert load_config(None, ['loss.tis_cap="none"']).loss.tis_cap is None
+    # a string key keeps the word: only a key whose type admits None takes it as None
+    assert load_config(None, ["run.output_dir=none"]).run.output_dir == "none"
+
+
+def test_a_key_turned_off_stays_off_through_dump_config(tmp_path):
+    cfg = load_config(None, ["loss.tis_cap=none", "loss.dual_clip=3.0"])
+    text = dump_config(cfg)
+    assert 'tis_cap = "none"' in text  # default 2.0: leaving it out would turn it back on
+    assert "name =" not in text.split("[run]", 1)[1]  # run.name: None is its default
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    again = load_config(path)
+    assert again == cfg and again.loss.tis_cap is None and again.loss.dual_clip == 3.0
+
+
+@pytest.mark.parametrize(("text", "overrides"), [("[loss]\nrho = \"none\"\n", []),
+                                                 ("", ["loss.rho=none"])])  # fmt: skip
+def test_none_for_a_key_that_does_not_admit_none_is_a_one_line_error(tmp_path, text, overrides):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(path))
+    assert "loss.rho: Input should be a valid number" in message
+    assert "'none' is None only for a key whose type admits None" in message
+
+
+# --- recipes: named defaults under the config's own keys -------------------------------
+
+
+def test_a_recipe_fills_in_under_the_explicit_keys(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('recipe = "dapo"\n[loss]\nrho = 0.5\n')
+    cfg = load_config(path)
+    assert cfg.recipe == "dapo"
+    assert cfg.loss.rho == 0.5  # explicit wins over the recipe's 1.0
+    assert (cfg.loss.eps_high, cfg.optim.mini_batches) == (0.28, 4)  # the recipe's
+    assert cfg.loss.tis_cap == 2.0  # neither: the field's default
+    assert load_config(path, ["optim.mini_batches=2"]).optim.mini_batches == 2
+    by_set = load_config(None, ["recipe=dr_grpo", "loss.eps_high=0.3"])
+    assert by_set.recipe == "dr_grpo" and by_set.loss.scale_adv_by_std is False
+    assert (by_set.loss.rho, by_set.loss.eps_high) == (1.0, 0.3)
+    assert by_set.rollout.dynamic_sampling is False
+
+
+def test_a_recipe_applies_to_configs_built_in_code():
+    from rldojo.config import LossConfig
+
+    cfg = TrainConfig(recipe="dapo", loss=LossConfig(rho=0.3))
+    assert (cfg.loss.rho, cfg.loss.eps_high, cfg.optim.mini_batches) == (0.3, 0.28, 4)
+    assert TrainConfig(recipe="grpo") == TrainConfig().model_copy(update={"recipe": "grpo"})
+
+
+def test_every_recipe_sets_existing_keys_and_is_recorded_through_dump(tmp_path):
+    import typing
+
+    from rldojo.config.recipes import RECIPES, RecipeName
+
+    assert tuple(RECIPES) == typing.get_args(RecipeName)
+    for name, values in RECIPES.items():
+        cfg = load_config(None, [f"recipe={name}"])
+        for dotted, value in values.items():
+            section, key = dotted.split(".")
+            assert getattr(getattr(cfg, section), key) == value, (name, dotted)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(dump_config(cfg))
+        assert load_config(path) == cfg and load_config(path).recipe == name
+
+
+def test_the_paper_example_is_the_paper_recipe():
+    example = Path(__file__).parent.parent / "examples" / "paper_dapo.toml"
+    cfg = load_config(example)
+    assert cfg.recipe == "paper"
+    assert (cfg.loss.rho, cfg.loss.scope, cfg.loss.entropy_source) == (0.2, "batch", "sampler")
+    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.kl_coef) == (0.2, 0.28, 0.0)
+    assert (cfg.optim.mini_batches, cfg.optim.epochs, cfg.sampling.temperature) == (4, 1, 1.0)
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.run.steps) == (8, 8, 12)
+
+
+def test_an_unknown_recipe_is_a_one_line_error_naming_the_valid_ones(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('recipe = "dappo"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: recipe: Input should be 'grpo', 'dapo', 'dr_grpo' or 'paper'"
+    )
+
+
+def test_describe_recipe_lists_its_values_and_the_explicit_keys():
+    from rldojo.config.recipes import describe_recipe
+
+    assert describe_recipe(load_config()) == []
+    lines = describe_recipe(load_config(None, ["recipe=dapo", "loss.rho=0.5"]))
+    assert lines[0] == "recipe dapo: loss.rho=1.0 (explicit: loss.rho=0.5)"
+    assert "recipe dapo: loss.eps_high=0.28" in lines
+    assert 'recipe dapo: loss.normaliser="selected"' in lines
+    assert sum("explicit" in line for line in lines) == 1
+    assert describe_recipe(load_config(None, ["recipe=grpo"])) == [
+        "recipe grpo: the field defaults (it sets no key)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "binds"),
+    [
+        ([], False),  # one step per batch, no generation ahead: the ratio is exactly 1
+        (["loss.dual_clip=3.0"], False),
+        (["optim.mini_batches=2"], True),
+        (["optim.epochs=2"], True),
+        (["rollout.max_policy_lag=1"], True),  # stale rows: the ratio to the sampler's
+        (["recipe=dapo"], True),
+        (["recipe=dr_grpo"], False),
+    ],
+)
+def test_clip_note_says_when_the_clips_cannot_act(overrides, binds):
+    from rldojo.config.recipes import clip_note
+
+    note = clip_note(load_config(None, overrides))
+    assert (note is None) == binds
+    if note is not None:
+        assert "\n" not in note and "loss.eps_high=" in note and "cannot act" in note
+        assert ("loss.dual_clip=3" in note) == ("loss.dual_clip=3.0" in overrides)

@@ -43,7 +43,7 @@ def test_every_table_has_a_section_in_config_order():
     assert headings == [
         "[model]", "[model.lora]", "[env]", "[[env.mix]]", "[grader]", "[sampling]",
         "[generation]", "[rollout]", "[loss]", "[curriculum]", "[optim]", "[eval]", "[run]",
-        "[sft]",
+        "[sft]", "[distill]",
     ]  # fmt: skip
 
 

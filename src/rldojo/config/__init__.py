@@ -6,7 +6,10 @@ A training config is a TOML file whose tables match the sections below (`[model]
 `[sft]` for `rldojo sft` in `rldojo.config.sft`); every key is optional and documented
 once, where it is defined. Unknown keys are errors (typos must not silently fall back to
 defaults). Every error is one line naming the file and the key, e.g.
-`my.toml: loss.rho: Input should be less than or equal to 1`.
+`my.toml: loss.rho: Input should be less than or equal to 1`. TOML has no null: a key
+whose type admits None takes `"none"` for None (`rldojo.config.base`). A top-level
+`recipe = "dapo"` fills in a named set of defaults under the file's own keys
+(`rldojo.config.recipes`).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
-from rldojo.config.base import ConfigError, _Section, format_error
+from rldojo.config.base import ConfigError, _Section, format_error, toml_data
 from rldojo.config.base import ConfigValueError as ConfigValueError  # re-exported
+from rldojo.config.distill import DistillSection
 from rldojo.config.model import LoraSection as LoraSection  # re-exported
 from rldojo.config.model import ModelConfig
+from rldojo.config.recipes import RecipeName, apply_recipe
 from rldojo.config.run import RunConfig as RunConfig  # re-exported
 from rldojo.config.run import Tracker as Tracker
 from rldojo.config.sft import SftConfig
@@ -260,6 +265,11 @@ class EvalConfig(_Section):
 
 
 class TrainConfig(_Section):
+    recipe: RecipeName | None = None
+    """A named set of defaults (`rldojo.config.recipes`), set at the top of the file:
+    `grpo` (the field defaults), `dapo` (DAPO), `dr_grpo` (Dr. GRPO) or `paper` (the
+    80/20 paper: DAPO where the forking tokens carry gradient). A key the config sets
+    wins over the recipe's value; `rldojo train --dry-run` lists what the recipe set."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model and its precision."""
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -284,6 +294,13 @@ class TrainConfig(_Section):
     """Steps, seed, output, checkpoints, threads, cluster, trackers."""
     sft: SftConfig = Field(default_factory=SftConfig)
     """Supervised fine-tuning on demonstrations (`rldojo sft`); unused by `rldojo train`."""
+    distill: DistillSection = Field(default_factory=DistillSection)
+    """Distillation towards a teacher (`rldojo distill`); unused by `rldojo train`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_recipe(cls, data: Any) -> Any:
+        return apply_recipe(data)
 
 
 def _parse_value(text: str) -> Any:
@@ -337,17 +354,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def dump_config(config: TrainConfig) -> str:
     """The config as TOML (written into every run directory), by a real TOML writer: any
     string (multi-line graders, quotes, unicode), inline table and list round-trips through
-    `load_config`. Keys whose value is None are left out (TOML has no null), which is
-    their default wherever the config file can set them."""
+    `load_config`. TOML has no null: a key whose value is None is left out where None is
+    its default, else written `"none"` (`rldojo.config.base`), so a key turned off stays
+    off when the file is read back."""
     import tomli_w
 
-    data = {section: _drop_none(model.model_dump(mode="json")) for section, model in config}
-    return tomli_w.dumps(data, multiline_strings=True)
-
-
-def _drop_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_drop_none(v) for v in value if v is not None]
-    return value
+    return tomli_w.dumps(toml_data(config), multiline_strings=True)

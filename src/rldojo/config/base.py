@@ -1,5 +1,9 @@
 """The base of every config section, the error types of bad configuration, and the one
-place a pydantic validation error becomes the one-line `file: key: message`."""
+place a pydantic validation error becomes the one-line `file: key: message`.
+
+TOML has no null: a key whose type admits None takes the string `"none"` (any case) for
+None, in a file or `--set key=none`, so a key whose default is not None can be turned off
+(`loss.tis_cap = "none"`); `dump_config` writes such a None the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -27,6 +31,67 @@ class _Section(BaseModel):
     # an integer is still a valid float, and a TOML array a valid tuple.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _none_from_text(cls, data: Any) -> Any:
+        """`"none"` (any case) is None for a key whose type admits None; for any other
+        key it stays the string (which a type other than `str` rejects, in one line)."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: None if _is_none_text(value) and admits_none(cls, key) else value
+            for key, value in data.items()
+        }
+
+
+NONE_TEXT = "none"
+"""How a config file spells None (TOML has none): any case of it, for a key admitting None."""
+
+
+def _is_none_text(value: Any) -> bool:
+    return isinstance(value, str) and value.lower() == NONE_TEXT
+
+
+def admits_none(model: type[BaseModel], key: Any) -> bool:
+    """Whether field `key` of `model` may be None (`X | None`, `Optional[X]`, `Any`)."""
+    field = model.model_fields.get(key) if isinstance(key, str) else None
+    if field is None:
+        return False
+    annotation = field.annotation
+    if annotation is Any or annotation is None or annotation is type(None):
+        return True
+    origin = typing.get_origin(annotation)
+    return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
+
+
+def toml_data(model: BaseModel) -> dict[str, Any]:
+    """`model`'s values as TOML data (for `dump_config`): its sections, and arrays of
+    them, as tables; a None as `"none"` where the key's default is not None (so it reads
+    back as None, not as the default), else left out."""
+    dumped = model.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out[name] = toml_data(value)
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            out[name] = [toml_data(item) for item in value]
+        elif value is None:
+            if field.get_default(call_default_factory=True) is not None:
+                out[name] = NONE_TEXT
+        else:
+            out[name] = _drop_none(dumped[name])
+    return out
+
+
+def _drop_none(value: Any) -> Any:
+    """A plain value (a table or array of a key) without its None items."""
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value if v is not None]
+    return value
+
 
 def format_error(source: str, exc: ValidationError, root: type[BaseModel]) -> str:
     """`source: key: message` for the first error of validating `root`; an unknown key
@@ -37,6 +102,8 @@ def format_error(source: str, exc: ValidationError, root: type[BaseModel]) -> st
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key" + _did_you_mean(root, err["loc"])
+    elif _is_none_text(err.get("input")):
+        msg += f" ({err['input']!r} is None only for a key whose type admits None)"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{source}: {where}: {msg}{more}"
 

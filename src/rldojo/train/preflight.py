@@ -303,9 +303,11 @@ def reasoning_warnings(config: TrainConfig, mixture: Any) -> list[str]:
 
 def dry_run(config: TrainConfig, console: Any) -> Plan:
     """Validate, resolve and describe the run without writing anything: the resolved
-    config, the plan with its calibrated time estimate, and any warnings."""
+    config, the values its recipe set, a note when the PPO clips cannot act, the plan with
+    its calibrated time estimate, and any warnings."""
     import torch
 
+    from rldojo.config.recipes import clip_note, describe_recipe
     from rldojo.hardware.precision import cached_probe
     from rldojo.policy.models import load_model
     from rldojo.policy.training_model import load_training_model
@@ -324,7 +326,10 @@ def dry_run(config: TrainConfig, console: Any) -> Plan:
     console.print(dump_config(resolved), markup=False, highlight=False)
     console.print(f"precision: {precision.generation_dtype} ({precision.reason})", soft_wrap=True)
     console.print(f"threads: {threads.describe()}", soft_wrap=True)
-    for line in [*plan.lines(), *reasoning_warnings(resolved, mixture)]:
+    clip = clip_note(resolved)
+    lines = [*describe_recipe(resolved), *([clip] if clip else []), *plan.lines(),
+             *reasoning_warnings(resolved, mixture)]  # fmt: skip
+    for line in lines:
         console.print(line, soft_wrap=True, markup=False)
     console.print("dry run: nothing was written", soft_wrap=True)
     return plan
