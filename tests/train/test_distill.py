@@ -10,11 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rldojo.config import load_config
 from rldojo.envs.registry import make_env
+from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts
 from rldojo.train.batch import build_token_batch, completion_logits
-from rldojo.train.distill import DistillConfig, distill, token_kl
+from rldojo.train.distill import run_distill, token_kl
 from rldojo.types import SamplingParams
 
 
@@ -74,13 +76,21 @@ def test_distill_moves_the_student_towards_the_teacher(tiny, tmp_path, divergenc
     )
     batch = build_token_batch(held, tokenizer.pad_token_id)
     before = _held_out_kl(student, teacher, batch)
-    cfg = DistillConfig(
-        divergence=divergence, sequences=sequences, steps=3, prompts_per_step=3,
-        max_new_tokens=6, lr=3e-3, micro_batch_size=2,
-    )  # fmt: skip
-    summary = distill(cfg, tmp_path, teacher=(teacher, tokenizer), student=(student, tokenizer))
-    assert _held_out_kl(student, teacher, batch) < 0.7 * before
+    for name, model in (("teacher", teacher), ("student", student)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    cfg = load_config(None, [
+        f"model.name={tmp_path / 'student'}", "model.autocast_bf16=false", "env.id=arith-v1",
+        f"distill.teacher={tmp_path / 'teacher'}", f"distill.divergence={divergence}",
+        f"distill.sequences={sequences}", "run.steps=3", "rollout.prompts_per_step=3",
+        "sampling.max_new_tokens=6", "sampling.temperature=1.0", "optim.lr=3e-3",
+        "optim.warmup_steps=0", "optim.schedule=constant", "optim.micro_batch_size=2",
+        "eval.tasks=0", "run.report_to=[]", "run.threads=1",
+    ])  # fmt: skip
+    summary = run_distill(cfg, run_dir=tmp_path / "run")
+    trained, _ = load_model(summary["checkpoint"])
+    assert _held_out_kl(trained, teacher, batch) < 0.7 * before
     assert summary["steps"] == 3 and summary["kl_last"] < summary["kl_first"]
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
-    assert (tmp_path / "student" / "model.safetensors").exists()
+    assert summary["stopped"] == "steps" and summary["divergence"] == divergence

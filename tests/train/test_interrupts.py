@@ -95,9 +95,8 @@ def test_sigterm_stops_sft_after_its_step_with_a_checkpoint(tmp_path):
     step = summary["steps"]
     assert summary["stopped"] == "interrupted" and 1 <= step < summary["steps_planned"]
     assert [p.name for p in (run / "checkpoints").iterdir()] == [f"step_{step:06d}"]
-    assert f"interrupted at sft step {step}; checkpoint step_{step:06d}" in " ".join(
-        (out + err).split()
-    )
+    said = f"interrupted at step {step}; checkpoint step_{step:06d}; resume with: rldojo sft"
+    assert f"{said} --resume {run}" in " ".join((out + err).split())
 
 
 def test_a_second_signal_or_one_during_an_evaluation_interrupts_at_once():

@@ -2,20 +2,32 @@
 
     rldojo distill --teacher runs/x/checkpoints/step_000012 --student smollm2-135m-instruct
                    --divergence reverse --sequences student --steps 20 --out distilled/
+    rldojo distill examples/quickstart.toml --set distill.teacher=runs/x/checkpoints/...
+    rldojo distill --resume distilled/             # after an interrupt or a crash
 
 Forward KL on teacher sequences is classic soft-label distillation; reverse KL on
-student sequences is on-policy distillation (see `rldojo.train.distill`). The student is
-saved to ``OUT/student`` (loadable by every command), with metrics.jsonl and summary.json.
+student sequences is on-policy distillation (see `rldojo.train.distill`). The config is
+the one `rldojo train` reads (the student is `[model]`, prompts from `[env]`) plus its
+`[distill]` section; each option below is a shortcut for the config key it names. The run
+directory holds checkpoints (the last one loadable by every command), metrics.jsonl and
+summary.json, as `rldojo train`'s does.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import fields
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+_KEYS = {  # option -> config key
+    "teacher": "distill.teacher", "student": "model.name", "env": "env.id",
+    "divergence": "distill.divergence", "sequences": "distill.sequences", "steps": "run.steps",
+    "prompts_per_step": "rollout.prompts_per_step", "max_new_tokens": "sampling.max_new_tokens",
+    "temperature": "sampling.temperature", "kd_temperature": "distill.kd_temperature",
+    "lr": "optim.lr", "micro_batch_size": "optim.micro_batch_size",
+    "grad_clip": "optim.grad_clip", "seed": "run.seed", "threads": "run.threads",
+}  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -23,61 +35,93 @@ def register(app: typer.Typer) -> None:
 
 
 def distill(
-    teacher: Annotated[str, typer.Option(help="Teacher model: name, directory or checkpoint")],
-    student: Annotated[str, typer.Option(help="Student model to train")],
-    env: Annotated[str, typer.Option(help="Environment whose train prompts are used")] = (
-        "arith-v1"
-    ),
-    env_kwargs: Annotated[str, typer.Option(help="JSON kwargs for the environment")] = "{}",
-    divergence: Annotated[str, typer.Option(help="forward | reverse")] = "forward",
-    sequences: Annotated[str, typer.Option(help="teacher | student (on-policy)")] = "teacher",
-    steps: Annotated[int, typer.Option()] = 20,
-    prompts_per_step: Annotated[int, typer.Option()] = 8,
-    max_new_tokens: Annotated[int, typer.Option()] = 48,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature")] = 1.0,
-    kd_temperature: Annotated[float, typer.Option(help="Softening τ in the loss")] = 1.0,
-    lr: Annotated[float, typer.Option()] = 1e-5,
-    micro_batch_size: Annotated[int, typer.Option()] = 8,
-    grad_clip: Annotated[float, typer.Option()] = 1.0,
-    seed: Annotated[int, typer.Option()] = 0,
-    out: Annotated[Path, typer.Option(help="Output directory")] = Path("distilled"),
-    threads: Annotated[
-        int | None, typer.Option(help="torch CPU threads (1 helps on a busy machine)")
+    config: Annotated[Path | None, typer.Argument(help="TOML config (as for rldojo train)")] = None,
+    teacher: Annotated[
+        str | None, typer.Option(help="distill.teacher: name, dir or checkpoint")
+    ] = None,
+    student: Annotated[str | None, typer.Option(help="model.name: the student to train")] = None,
+    env: Annotated[str | None, typer.Option(help="env.id: whose train prompts are used")] = None,
+    env_kwargs: Annotated[str | None, typer.Option(help="env.kwargs as JSON")] = None,
+    divergence: Annotated[
+        str | None, typer.Option(help="distill.divergence: forward | reverse")
+    ] = None,
+    sequences: Annotated[
+        str | None, typer.Option(help="distill.sequences: teacher | student")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="run.steps")] = None,
+    prompts_per_step: Annotated[int | None, typer.Option(help="rollout.prompts_per_step")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="sampling.max_new_tokens")] = None,
+    temperature: Annotated[float | None, typer.Option(help="sampling.temperature")] = None,
+    kd_temperature: Annotated[float | None, typer.Option(help="distill.kd_temperature τ")] = None,
+    lr: Annotated[float | None, typer.Option(help="optim.lr")] = None,
+    micro_batch_size: Annotated[int | None, typer.Option(help="optim.micro_batch_size")] = None,
+    grad_clip: Annotated[float | None, typer.Option(help="optim.grad_clip")] = None,
+    seed: Annotated[int | None, typer.Option(help="run.seed")] = None,
+    threads: Annotated[int | None, typer.Option(help="run.threads")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override, e.g. run.steps=4")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Run directory (default: run.output_dir/run.name-distill, or a timestamp)"
+        ),
     ] = None,
     overwrite: Annotated[
         bool, typer.Option(help="Move a run already in --out aside (NAME.old-DATE)")
     ] = False,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Resume the run in this directory from its newest checkpoint"),
+    ] = None,
 ) -> None:
-    """Distil a teacher into a student (forward or reverse KL, teacher or student sequences)."""
-    from rldojo.commands.evaluation import set_threads
-    from rldojo.commands.ui import console, fail, user_errors
-    from rldojo.store.run_dir import claim_run_dir  # its RunDirError is a ValueError
-    from rldojo.train.distill import DistillConfig
-    from rldojo.train.distill import distill as run_distill
+    """Distil a teacher into a student (forward or reverse KL, teacher or student sequences).
 
-    if divergence not in ("forward", "reverse") or sequences not in ("teacher", "student"):
-        fail("--divergence must be forward|reverse and --sequences teacher|student")
-    set_threads(threads)
-    o = dict(locals())
-    errors: tuple[type[Exception], ...] = (*user_errors(), ValueError, json.JSONDecodeError)
+    Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted."""
+    from rldojo.commands.ui import console, fail, parse_env_kwargs, user_errors
+    from rldojo.config import ConfigError, load_config
+    from rldojo.store.run_dir import RunDirError
+    from rldojo.train.distill import run_distill
+    from rldojo.train.stops import RunStopped
+
+    given = {k: v for k, v in locals().items() if k in _KEYS and v is not None}
+    overrides = [f"{_KEYS[k]}={_toml(v)}" for k, v in given.items()]
+    if env_kwargs is not None:
+        try:
+            overrides.append(f"env.kwargs={_toml(parse_env_kwargs(env_kwargs))}")
+        except ValueError as exc:
+            fail(str(exc))
+    if resume is not None:
+        if not (resume / "config.toml").exists():
+            fail(f"{resume}: not a run directory (no config.toml) to resume")
+        config, out = config or resume / "config.toml", resume
+    source = str(config) if config is not None else "defaults"
+    errors: tuple[type[Exception], ...] = (*user_errors(), ValueError)  # the tokenizers differ
     try:
-        moved = claim_run_dir(out, command="distill", overwrite=overwrite)  # RunDirError
-        if moved is not None:
-            console.print(f"--overwrite: the run that was in {out} is now in {moved}")
-        names = [f.name for f in fields(DistillConfig) if f.name != "env_kwargs"]
-        cfg = DistillConfig(**{k: o[k] for k in names}, env_kwargs=json.loads(env_kwargs))
-
-        def log(step: int, m: dict) -> None:
-            console.print(
-                f"step {step:>3} KL/token {m['loss/kl']:.4f} tokens {m['tokens']} "
-                f"grad {m['optim/grad_norm']:.2f} {m['time/step']:.1f}s"
-            )
-
-        summary = run_distill(cfg, out, log=log)
-    except errors as exc:
+        cfg = load_config(config, [*overrides, *(set_ or [])])
+        if out is None and cfg.run.name:
+            out = Path(cfg.run.output_dir) / f"{cfg.run.name}-distill"
+        summary = run_distill(cfg, run_dir=out, resume=resume is not None, overwrite=overwrite,
+                              console=console)  # fmt: skip
+    except RunStopped as exc:
+        fail(str(exc), code=exc.exit_code)
+    except (ConfigError, RunDirError) as exc:
         fail(str(exc))
-        return
+    except errors as exc:
+        fail(f"{source}: {exc}")
     console.print(
         f"distilled {summary['steps']} steps: KL/token {summary['kl_first']} -> "
-        f"{summary['kl_last']}; student saved to {summary['student_dir']}"
+        f"{summary['kl_last']}; student: {summary['checkpoint']}",
+        soft_wrap=True,
     )
+
+
+def _toml(value: object) -> str:
+    """A TOML literal for `--set` (strings quoted, dicts as inline tables)."""
+    import json
+
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str | list) else str(value)

@@ -2,6 +2,7 @@
 
     rldojo demos examples/agentic_crm.toml --n 300 --out demos.jsonl
     rldojo sft examples/agentic_crm.toml --data demos.jsonl
+    rldojo sft --resume runs/agentic-crm-sft      # after an interrupt or a crash
     rldojo train examples/agentic_crm.toml \
         --set model.name=runs/agentic-crm-sft/checkpoints/step_000038
 
@@ -38,6 +39,10 @@ def sft(
         bool,
         typer.Option(help="Move a run already in the run directory aside (NAME.old-DATE)"),
     ] = False,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Resume the run in this directory from its newest checkpoint"),
+    ] = None,
 ) -> None:
     """Fine-tune on demonstrations: loss on assistant tokens only, the RL tokenisation.
 
@@ -50,10 +55,18 @@ def sft(
 
     source = str(config) if config is not None else "defaults"
     try:
+        if resume is not None:
+            if not (resume / "config.toml").exists():
+                fail(f"{resume}: not a run directory (no config.toml) to resume")
+            config, run_dir = config or resume / "config.toml", resume
+            source = str(config)
         cfg = load_config(config, set_ or [])
         if run_dir is None and cfg.run.name:
             run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-sft"
-        run_sft(cfg, data, run_dir=run_dir, overwrite=overwrite, console=console)
+        summary = run_sft(cfg, data, run_dir=run_dir, resume=resume is not None,
+                          overwrite=overwrite, console=console)  # fmt: skip
+        console.print(f"next: rldojo train CONFIG --set model.name={summary['checkpoint']}",
+                      soft_wrap=True)  # fmt: skip
     except RunStopped as exc:
         fail(str(exc), code=exc.exit_code)
     except (ConfigError, RunDirError) as exc:

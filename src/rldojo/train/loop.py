@@ -1,6 +1,12 @@
-"""The training run: evaluate, step with a progress bar, checkpoint, evaluate, summarise.
+"""The run loop: evaluate, step, checkpoint, evaluate, summarise — for every objective.
 
-`run_training` is what `rldojo train` calls. It owns the run directory layout:
+`run_loop(build_objective, ...)` runs an objective (`rldojo.train.objective`: GRPO, SFT
+or distillation) the same way: the run directory guard and resume rules, the "before"
+evaluation, steps to `total_steps` (or `run.max_minutes`, a signal, a callback's
+`should_stop`, the failure budget), evaluations every `eval.every` steps, checkpoints
+every `run.checkpoint_every` steps and at the end, "after", `summary.json`. It prints
+nothing: what it says goes to its callbacks (`rldojo.train.callbacks`), `metrics.jsonl`
+and the trackers included. `run_training` is what `rldojo train` calls. The layout:
 
     RUN/config.toml        the config as used (after --set overrides)
     RUN/metrics.jsonl      one JSON object per step ("kind": "train") and per evaluation
@@ -31,24 +37,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
 from rldojo.config import TrainConfig, load_config
 from rldojo.report.metrics import MetricsLogger
 from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.store.run_dir import RunDirError, claim_run_dir, record_config_change, resume_changes
-from rldojo.train.heldout import log_eval, save_eval_rows
+from rldojo.train.callbacks import Callback, CallbackList, ConsoleCallback, MetricsCallback
+from rldojo.train.heldout import save_eval_rows
 from rldojo.train.interrupts import Interrupts
-from rldojo.train.signal import signal_watch
+from rldojo.train.objective import Objective
 from rldojo.train.stops import FailureBudgetExceeded, RunInterrupted
-from rldojo.train.trainer import Trainer
+
+__all__ = ["new_run_dir", "run_loop", "run_training"]
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -56,22 +63,214 @@ def new_run_dir(config: TrainConfig) -> Path:
     return Path(config.run.output_dir) / name
 
 
-def _step_line(step: int, m: dict[str, Any], pass_threshold: float = 1.0) -> str:
-    g = m.get
-    at = "" if pass_threshold == 1.0 else f"(>={pass_threshold:g})"
-    return (
-        f"step {step:>3} reward {g('reward/mean', 0):+.2f} pass{at} {g('reward/pass_rate', 0):.2f}"
-        f" len {g('rollout/completion_len', 0):3.0f} H80 {g('entropy/p80', 0):.2f}"
-        f" fork {g('entropy/tokens_selected', 0)}/{g('entropy/tokens_policy', 0)}"
-        f" groups {g('rollout/groups_informative', 0)}/{g('rollout/groups', 0)}"
-        f" gen {g('time/generate', 0):.0f}s train {g('time/train', 0):.0f}s"
-        + _reused(g("rollout/reused"))
-    )
+def run_training(
+    config: TrainConfig,
+    *,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    force: bool = False,
+    callbacks: Sequence[Callback] = (),
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Train per `config` with forking-token GRPO; returns the summary (also written to
+    RUN/summary.json). `console`: print as `rldojo train` does (a `ConsoleCallback`)."""
+    from rldojo.train.grpo import GrpoObjective
+
+    run_dir = run_dir or new_run_dir(config)
+    return run_loop(
+        lambda: GrpoObjective(config, run_dir, resume=resume), config, run_dir,
+        command="train", resume=resume, overwrite=overwrite, force=force,
+        callbacks=with_console(callbacks, console),
+    )  # fmt: skip
 
 
-def _reused(n: float | None) -> str:
-    """Rollouts a step took from the ledger (a resumed run's), never silently."""
-    return f" reused {n:.0f} rollouts from the ledger" if n else ""
+def with_console(callbacks: Sequence[Callback], console: Console | None) -> list[Callback]:
+    """`callbacks`, plus a console callback printing to `console` when one is given."""
+    return [*callbacks, *([ConsoleCallback(console)] if console is not None else [])]
+
+
+def run_loop(
+    build: Callable[[], Objective],
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    command: str,
+    resume: bool = False,
+    overwrite: bool = False,
+    force: bool = False,
+    callbacks: Sequence[Callback] = (),
+) -> dict[str, Any]:
+    """Run the objective `build()` makes; returns the summary (also RUN/summary.json).
+
+    A directory that holds a run is refused unless `resume` (then a config that changes
+    what its rollouts mean is refused unless `force`) or `overwrite` (the old run is
+    moved aside). `build` checks every input before it writes anything. Raises
+    `FailureBudgetExceeded` or `RunInterrupted` (`rldojo.train.stops`) after writing the
+    summary, when the run stopped for either."""
+    say = CallbackList(callbacks)
+    changes = _claim(config, run_dir, command=command, resume=resume, overwrite=overwrite,
+                     force=force, say=say.on_message)  # fmt: skip
+    started = time.perf_counter()
+    objective = build()
+    record_config_change(run_dir, "resume" if resume else "start", changes)
+    if resume:  # the steps after the checkpoint are redone, and logged again
+        resumed = latest_checkpoint(run_dir / "checkpoints") is not None
+        _trim_logs(run_dir, objective.step_num if resumed else None)
+    logger = MetricsLogger(run_dir, report_to=config.run.report_to,
+                           resume_step=objective.step_num if resume else None,
+                           config=config.model_dump(mode="json"))  # fmt: skip
+    calls = CallbackList([MetricsCallback(logger, kind=objective.kind), *callbacks])
+    for c in callbacks:
+        if isinstance(c, ConsoleCallback):
+            c.step_line, c.summary_keys = objective.step_line, objective.summary_keys
+    calls.on_start({"command": command, "run_dir": run_dir, "step": objective.step_num,
+                    "total_steps": objective.total_steps, "lines": objective.header()})  # fmt: skip
+    run = _Run(config, objective, calls, started)
+    with Interrupts(calls.on_message) as interrupts:
+        run.interrupts = interrupts
+        try:
+            return run.go()
+        finally:
+            logger.close()
+            objective.close()
+
+
+class _Run:
+    """One invocation of the loop: the objective, its callbacks, the signal handlers."""
+
+    def __init__(self, config: TrainConfig, objective: Objective, calls: CallbackList,
+                 started: float) -> None:  # fmt: skip
+        self.config, self.objective, self.calls, self.started = config, objective, calls, started
+        self.interrupts: Interrupts
+
+    def go(self) -> dict[str, Any]:
+        obj = self.objective
+        try:
+            stopped = self._run()
+            summary = self._finish(stopped)
+            if stopped == "interrupted":
+                raise self._interrupted_error()
+            return summary
+        except KeyboardInterrupt:  # a signal during an evaluation, or a second one
+            if not self.interrupts.aborted and obj.step_num > 0:  # its last step is committed
+                self._finish("interrupted")
+            raise self._interrupted_error(aborted=self.interrupts.aborted) from None
+        except FailureBudgetExceeded:
+            self._finish("failures")
+            raise
+
+    def _evaluate(self, label: str) -> None:
+        obj = self.objective
+        with self.interrupts.immediate():
+            result = obj.evaluate(label)
+        save_eval_rows(obj.run_dir, label, result)
+        self.calls.on_eval(label, obj.step_num, result)
+
+    def _run(self) -> str:
+        """Evaluate before, train, evaluate after; which stopped the steps."""
+        obj = self.objective
+        start = obj.step_num
+        if start == 0 and (stop := obj.preflight()) is not None:
+            raise stop
+        if obj.evaluates("before") and "before" not in obj.evals:
+            self._evaluate("before")
+        stopped = self._steps()
+        # Evaluated before the final checkpoint, which keeps the result: a run resumed
+        # from that checkpoint has nothing left to do (and logs nothing twice).
+        if (stopped != "interrupted" and obj.evaluates("after")
+                and (obj.step_num > start or "after" not in obj.evals)):  # fmt: skip
+            self._evaluate("after")
+        return stopped
+
+    def _steps(self) -> str:
+        """Step to `total_steps`, or until `run.max_minutes` is spent, a signal or a
+        callback asks to stop; which stopped it ("steps", "max_minutes", "interrupted",
+        "callback"). Raises the failure budget's stop after logging the step that spent it."""
+        obj, calls, run = self.objective, self.calls, self.config.run
+        budget = None if run.max_minutes is None else 60 * run.max_minutes
+        started = time.perf_counter()
+        with calls.live():
+            while obj.step_num < obj.total_steps:
+                metrics = obj.step()
+                calls.on_step_end(obj.step_num, metrics)
+                for line in obj.after_step(metrics):
+                    calls.on_message(line)
+                if obj.over_budget is not None:
+                    raise obj.over_budget
+                if self.interrupts.requested is not None:
+                    return "interrupted"
+                spent = budget is not None and time.perf_counter() - started >= budget
+                asked = calls.should_stop()
+                last = obj.step_num >= obj.total_steps or spent or asked  # then "after"
+                every = self.config.eval.every
+                if every and obj.step_num % every == 0 and not last and obj.evaluates("every"):
+                    self._evaluate(f"step_{obj.step_num}")
+                every = run.checkpoint_every  # after the step's logs and evaluation
+                if every and obj.step_num % every == 0 and not last:
+                    calls.on_checkpoint(obj.save())
+                if obj.step_num >= obj.total_steps:
+                    break
+                if spent:
+                    calls.on_message(f"run.max_minutes = {run.max_minutes:g} spent: "
+                                     f"stopping after step {obj.step_num}")  # fmt: skip
+                    return "max_minutes"
+                if asked:
+                    calls.on_message(f"a callback asked to stop: stopping after step "
+                                     f"{obj.step_num}")  # fmt: skip
+                    return "callback"
+        return "steps"
+
+    def _finish(self, stopped: str) -> dict[str, Any]:
+        """Checkpoint (unless the failure budget stopped the run: the checkpoints it has
+        are kept), write the summary, hand it to the callbacks."""
+        obj = self.objective
+        if stopped != "failures":
+            self.calls.on_checkpoint(obj.save())
+        summary = {"command": obj.command, **obj.summary(), "steps": obj.step_num,
+                   "accuracy_before": obj.evals.get("before", {}).get("accuracy"),
+                   "accuracy_after": obj.evals.get("after", {}).get("accuracy"),
+                   "evals": obj.evals, "wall_s": time.perf_counter() - self.started,
+                   "run_dir": str(obj.run_dir), "stopped": stopped}  # fmt: skip
+        newest = latest_checkpoint(obj.run_dir / "checkpoints")
+        summary["checkpoint"] = None if newest is None else str(newest)
+        (obj.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.calls.on_end(summary)
+        return summary
+
+    def _interrupted_error(self, *, aborted: bool = False) -> RunInterrupted:
+        """The one line of an interrupted run: where it stopped, what was saved, how to go on."""
+        obj = self.objective
+        newest = latest_checkpoint(obj.run_dir / "checkpoints")
+        name = newest.name if newest is not None else None
+        saved = "nothing saved" if name is None else (
+            f"last checkpoint {name}" if aborted else f"checkpoint {name}")  # fmt: skip
+        how = "aborted" if aborted else "interrupted"
+        message = (f"{how} at step {obj.step_num}; {saved}; resume with: "
+                   f"rldojo {obj.command} --resume {obj.run_dir}")  # fmt: skip
+        return RunInterrupted(message, step=obj.step_num, checkpoint=name)
+
+
+def _claim(config: TrainConfig, run_dir: Path, *, command: str, resume: bool, overwrite: bool,
+           force: bool, say: Callable[[str], None]) -> dict[str, tuple[Any, Any]]:  # fmt: skip
+    """Check (or make) the run directory before anything starts; the config keys a resume
+    changes. Raises `RunDirError` (one line) when the directory cannot be used."""
+    moved = claim_run_dir(run_dir, command=command, resume=resume, overwrite=overwrite)
+    if moved is not None:
+        say(f"--overwrite: the run that was in {run_dir} is now in {moved}")
+    if not resume:
+        return {}
+    stored = load_config(run_dir / "config.toml").model_dump(mode="json")
+    meaning, harmless = resume_changes(stored, config.model_dump(mode="json"))
+    said = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in {**meaning, **harmless}.items())
+    if meaning and not force:
+        raise RunDirError(
+            f"{run_dir}: resuming with this config would change what its ledger's rollouts "
+            f"mean: {said}; start a new run (another run.name), or --force to resume anyway"
+        )
+    if said:
+        say(f"resume: config changes {said} (config_history.jsonl)")
+    return {**meaning, **harmless}
 
 
 def _trim_logs(run_dir: Path, step: int | None) -> None:
@@ -90,244 +289,3 @@ def _trim_logs(run_dir: Path, step: int | None) -> None:
             if step is not None and record.get("step", 0) <= step:
                 kept.append(line + "\n")
         write_atomically(path, "".join(kept))
-
-
-def _write_samples(run_dir: Path, step: int, trainer: Trainer) -> None:
-    with (run_dir / "samples.jsonl").open("a") as f:
-        for row in trainer.ledger.samples(step - 1):
-            f.write(json.dumps({"step": step, **row}) + "\n")
-
-
-def run_training(
-    config: TrainConfig,
-    *,
-    run_dir: Path | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    force: bool = False,
-    console: Console | None = None,
-) -> dict[str, Any]:
-    """Train per `config`; returns the summary (also written to RUN/summary.json).
-
-    A directory that holds a run is refused unless `resume` (then a config that changes
-    what its rollouts mean is refused unless `force`) or `overwrite` (the old run is
-    moved aside). Raises `FailureBudgetExceeded` or `RunInterrupted` (`rldojo.train.stops`)
-    after writing the summary, when the run stopped for either."""
-    console = console or Console()
-    run_dir = run_dir or new_run_dir(config)
-    changes = _claim(config, run_dir, resume=resume, overwrite=overwrite, force=force,
-                     console=console)  # fmt: skip
-    started = time.perf_counter()
-    trainer = Trainer(config, run_dir, resume=resume)  # checks every input first
-    record_config_change(run_dir, "resume" if resume else "start", changes)
-    _print_header(console, config, trainer, run_dir)
-    if resume:  # the steps after the checkpoint are redone, and logged again
-        resumed = latest_checkpoint(run_dir / "checkpoints") is not None
-        _trim_logs(run_dir, trainer.step_num if resumed else None)
-    logger = MetricsLogger(
-        run_dir,
-        report_to=config.run.report_to,
-        resume_step=trainer.step_num if resume else None,
-        config=config.model_dump(mode="json"),
-    )
-    with Interrupts(lambda line: console.print(line, soft_wrap=True)) as interrupts:
-        try:
-            stopped = _run(config, trainer, logger, console, interrupts)
-            summary = _finish(config, trainer, console, stopped, time.perf_counter() - started)
-            if stopped == "interrupted":
-                raise _interrupted_error(trainer)
-            return summary
-        except KeyboardInterrupt:  # a signal during an evaluation, or a second one
-            if not interrupts.aborted and trainer.step_num > 0:  # its last step is committed
-                _finish(config, trainer, console, "interrupted", time.perf_counter() - started)
-            raise _interrupted_error(trainer, aborted=interrupts.aborted) from None
-        except FailureBudgetExceeded:
-            _finish(config, trainer, console, "failures", time.perf_counter() - started)
-            raise
-        finally:
-            logger.close()
-            trainer.close()
-
-
-def _claim(config: TrainConfig, run_dir: Path, *, resume: bool, overwrite: bool, force: bool,
-           console: Console) -> dict[str, tuple[Any, Any]]:  # fmt: skip
-    """Check (or make) the run directory before anything starts; the config keys a resume
-    changes. Raises `RunDirError` (one line) when the directory cannot be used."""
-    moved = claim_run_dir(run_dir, command="train", resume=resume, overwrite=overwrite)
-    if moved is not None:
-        console.print(f"--overwrite: the run that was in {run_dir} is now in {moved}",
-                      soft_wrap=True)  # fmt: skip
-    if not resume:
-        return {}
-    stored = load_config(run_dir / "config.toml").model_dump(mode="json")
-    meaning, harmless = resume_changes(stored, config.model_dump(mode="json"))
-    said = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in {**meaning, **harmless}.items())
-    if meaning and not force:
-        raise RunDirError(
-            f"{run_dir}: resuming with this config would change what its ledger's rollouts "
-            f"mean: {said}; start a new run (another run.name), or --force to resume anyway"
-        )
-    if said:
-        console.print(f"resume: config changes {said} (config_history.jsonl)", soft_wrap=True)
-    return {**meaning, **harmless}
-
-
-def _print_header(console: Console, config: TrainConfig, trainer: Trainer, run_dir: Path) -> None:
-    console.print(f"[bold]rldojo train[/] {config.model.name} on {config.env.id} -> {run_dir}")
-    console.print(f"precision: {trainer.precision.describe()}", soft_wrap=True)
-    console.print(f"threads: {trainer.threads.describe()}", soft_wrap=True)
-    console.print(f"device: {trainer.device} (run.device = {config.run.device!r}); "
-                  f"{_trainable(trainer.model)}", soft_wrap=True)  # fmt: skip
-
-
-def _run(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, console: Console,
-         interrupts: Interrupts) -> str:  # fmt: skip
-    """Evaluate before, train, evaluate after; which stopped the steps."""
-    start = trainer.step_num
-    if start == 0 and config.run.max_failure_rate < 1.0:
-        stop = trainer.grader_preflight()
-        if stop is not None:
-            raise stop
-    if config.eval.tasks and config.eval.before and "before" not in trainer.evals:
-        with interrupts.immediate():
-            result = trainer.evaluate("before")
-        log_eval(console, logger, trainer.run_dir, "before", trainer.step_num, result)
-    stopped = _train_steps(config, trainer, logger, console, interrupts)
-    # Evaluated before the final checkpoint, which keeps the result: a run resumed
-    # from that checkpoint has nothing left to do (and logs nothing twice).
-    if (
-        stopped != "interrupted"
-        and config.eval.tasks
-        and (trainer.step_num > start or "after" not in trainer.evals)
-    ):
-        with interrupts.immediate():
-            result = trainer.evaluate("after")
-        log_eval(console, logger, trainer.run_dir, "after", trainer.step_num, result)
-    return stopped
-
-
-def _finish(config: TrainConfig, trainer: Trainer, console: Console, stopped: str,
-            wall_s: float) -> dict[str, Any]:  # fmt: skip
-    """Checkpoint (unless the failure budget stopped the run: the checkpoints it has are
-    kept), write and print the summary."""
-    if stopped != "failures":
-        trainer.save()
-    summary = _summary(config, trainer, wall_s)
-    summary["stopped"] = stopped
-    (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    _print_summary(console, summary)
-    return summary
-
-
-def _interrupted_error(trainer: Trainer, *, aborted: bool = False) -> RunInterrupted:
-    """The one line of an interrupted run: where it stopped, what was saved, how to go on."""
-    newest = latest_checkpoint(trainer.run_dir / "checkpoints")
-    name = newest.name if newest is not None else None
-    saved = "nothing saved" if name is None else (
-        f"last checkpoint {name}" if aborted else f"checkpoint {name}")  # fmt: skip
-    how = "aborted" if aborted else "interrupted"
-    message = (f"{how} at step {trainer.step_num}; {saved}; resume with: "
-               f"rldojo train --resume {trainer.run_dir}")  # fmt: skip
-    return RunInterrupted(message, step=trainer.step_num, checkpoint=name)
-
-
-def _train_steps(config: TrainConfig, trainer: Trainer, logger: MetricsLogger, console: Console,
-                 interrupts: Interrupts) -> str:  # fmt: skip
-    """Step to `run.steps`, or until `run.max_minutes` is spent or a signal asks to stop;
-    returns which stopped it ("steps", "max_minutes" or "interrupted"). Raises the
-    failure budget's stop after logging the step that spent it."""
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task("training", total=config.run.steps, completed=trainer.step_num)
-        budget = None if config.run.max_minutes is None else 60 * config.run.max_minutes
-        started = time.perf_counter()
-        watch = signal_watch(config, trainer.envs)  # says why a step had no signal
-        while trainer.step_num < config.run.steps:
-            metrics = trainer.step()
-            logger.log(trainer.step_num, metrics)
-            _write_samples(trainer.run_dir, trainer.step_num, trainer)
-            progress.console.print(
-                _step_line(trainer.step_num, metrics, trainer.pass_threshold), soft_wrap=True
-            )
-            if (why := watch.observe(trainer.step_num, metrics)) is not None:
-                progress.console.print(why, soft_wrap=True, markup=False)
-            if trainer.over_budget is not None:
-                raise trainer.over_budget
-            if interrupts.requested is not None:
-                return "interrupted"
-            spent = budget is not None and time.perf_counter() - started >= budget
-            last = trainer.step_num >= config.run.steps or spent  # evaluated as "after"
-            if config.eval.every and trainer.step_num % config.eval.every == 0 and not last:
-                label = f"step_{trainer.step_num}"
-                with interrupts.immediate():
-                    result = trainer.evaluate(label)
-                logger.log(trainer.step_num, result.metrics(), kind="eval")
-                save_eval_rows(trainer.run_dir, label, result)
-            every = config.run.checkpoint_every  # after the step's logs and evaluation
-            if every and trainer.step_num % every == 0 and not last:
-                trainer.save()
-            progress.update(bar, completed=trainer.step_num)
-            if spent and trainer.step_num < config.run.steps:
-                progress.console.print(f"run.max_minutes = {config.run.max_minutes:g} spent: "
-                                       f"stopping after step {trainer.step_num}")  # fmt: skip
-                return "max_minutes"
-    return "steps"
-
-
-def _trainable(model: Any) -> str:
-    """'full fine-tuning, N parameters' or 'LoRA: N of M parameters train'."""
-    total = sum(p.numel() for p in model.parameters())
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if trained == total:
-        return f"full fine-tuning, {total / 1e6:.1f}M parameters"
-    return f"LoRA: {trained / 1e6:.2f}M of {total / 1e6:.1f}M parameters train"
-
-
-def _summary(config: TrainConfig, trainer: Trainer, wall_s: float) -> dict[str, Any]:
-    steps = trainer.ledger.step_metrics()
-    step_times = [m["time/step"] for m in steps if "time/step" in m]
-    return {
-        "model": config.model.name,
-        "env": config.env.id,
-        "steps": trainer.step_num,
-        "accuracy_before": trainer.evals.get("before", {}).get("accuracy"),
-        "accuracy_after": trainer.evals.get("after", {}).get("accuracy"),
-        "evals": trainer.evals,
-        "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
-        "wall_s": wall_s,
-        "rollouts": trainer.ledger.count(),
-        "rollouts_trained": trainer.ledger.count(trained=True),
-        "statuses": trainer.ledger.status_counts(),
-        "run_dir": str(trainer.run_dir),
-        "precision": trainer.precision.as_dict(),
-        "device": str(trainer.device),
-        "threads": trainer.threads.as_dict(),
-    }
-
-
-def _print_summary(console: Console, s: dict[str, Any]) -> None:
-    table = Table(title="rldojo train: summary", show_header=False)
-    for key in (
-        "model",
-        "env",
-        "steps",
-        "accuracy_before",
-        "accuracy_after",
-        "mean_step_s",
-        "wall_s",
-        "rollouts",
-        "rollouts_trained",
-        "statuses",
-        "run_dir",
-    ):
-        value = s.get(key)
-        if isinstance(value, float):
-            value = f"{value:.1%}" if key.startswith("accuracy") else f"{value:.1f}"
-        table.add_row(key, str(value))
-    console.print(table)

@@ -14,7 +14,11 @@ bucketing: little padding), gradients accumulated; the loss is the mean negative
 log-likelihood over the step's assistant tokens. The output layer runs at those tokens
 alone where the model allows it (`rldojo.train.batch.selected_logits`).
 
-Run directory (`run.output_dir`/`run.name`), the layout of `rldojo train`'s:
+It runs in the run loop of `rldojo train` (`rldojo.train.loop`, objective `SftObjective`):
+resume (`--resume RUN`: the same schedule from the checkpoint's step), checkpoints every
+`run.checkpoint_every` steps, `run.max_minutes`, evaluations every `eval.every` steps,
+interrupts, trackers and callbacks work as they do for RL. The run directory
+(`run.output_dir`/`run.name`), the layout of `rldojo train`'s:
 
     RUN/config.toml      the config as used
     RUN/metrics.jsonl    one record per step (kind "sft": sft/loss, sft/tokens, ...)
@@ -32,12 +36,10 @@ Run directory (`run.output_dir`/`run.name`), the layout of `rldojo train`'s:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,21 +47,21 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from rldojo.config import TrainConfig, dump_config
+from rldojo.config import TrainConfig, dump_config, load_config
 from rldojo.data.loading import DataError
+from rldojo.eval.harness import EvalResult
+from rldojo.policy import models
 from rldojo.policy.lora import trainable_parameters
-from rldojo.policy.models import check_model, load_model
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
-from rldojo.report.metrics import MetricsLogger
-from rldojo.store.checkpoint import save_checkpoint
+from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.files import write_atomically
-from rldojo.store.run_dir import claim_run_dir
 from rldojo.train.batch import (
     build_token_batch,
     completion_logits,
     selected_logits,
     splits_output_layer,
 )
+from rldojo.train.callbacks import Callback
 from rldojo.train.demo_data import (
     Demo,
     assistant_turn_tokens,
@@ -67,18 +69,18 @@ from rldojo.train.demo_data import (
     tokenize_demos,
     turn_budget,
 )
-from rldojo.train.heldout import eval_record, heldout_eval, heldout_tasks, log_eval
-from rldojo.train.interrupts import Interrupts
-from rldojo.train.loop import new_run_dir
+from rldojo.train.heldout import eval_record, heldout_eval, heldout_tasks
+from rldojo.train.loop import new_run_dir, run_loop, with_console
 from rldojo.train.preflight import build_mixture, pass_threshold
 from rldojo.train.resources import resolve_resources
-from rldojo.train.stops import RunInterrupted
+from rldojo.train.stops import RunStopped
 from rldojo.train.trainer import lr_lambda, seed_everything
 from rldojo.train.update import clipped_step, forward_context
 from rldojo.types import Rollout
 
 __all__ = [
     "Demo",
+    "SftObjective",
     "assistant_turn_tokens",
     "read_demos",
     "run_sft",
@@ -141,201 +143,187 @@ def run_sft(
     data: str | os.PathLike[str] | None = None,
     *,
     run_dir: Path | None = None,
+    resume: bool = False,
     overwrite: bool = False,
+    callbacks: Sequence[Callback] = (),
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune `config.model` on the demonstrations; returns the summary (also written
-    to RUN/summary.json). Every input is checked before the run directory exists; a
-    directory that holds a run is refused (`RunDirError`) unless `overwrite` moves it
-    aside. A signal stops it after the step in flight (a checkpoint of the steps so far,
-    `stopped` = "interrupted", `RunInterrupted`)."""
-    console = console or Console()
-    started = time.perf_counter()
-    cfg, precision, threads = resolve_resources(config)
-    s = cfg.sft
-    if not s.lora:  # a full-weight cold start; RL adds the adapters to its checkpoint
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
-    path = str(data or s.data or "")
+    """Fine-tune `config.model` on the demonstrations (`data`, else `sft.data`; a resume
+    reads the run's own); returns the summary (also RUN/summary.json). Every input is
+    checked before the run directory is written; the run directory rules, interrupts and
+    resume are the run loop's (`rldojo.train.loop.run_loop`)."""
+    run_dir = run_dir or new_run_dir(config)
+    path = str(data or config.sft.data or "")
+    if resume and not path and (run_dir / "config.toml").exists():
+        path = load_config(run_dir / "config.toml").sft.data or ""
     if not path:
         raise DataError("sft.data", None, "no demonstrations: pass --data FILE or set sft.data")
-    demos, not_passed = read_demos(path, only_passed=s.only_passed)
-    mixture = build_mixture(cfg) if cfg.eval.tasks else None  # env ids and kwargs checked
-    check_model(cfg.model.name)
-    check_training_model(cfg.model, None, cfg.run.cluster)
-    seed_everything(cfg.run.seed, cfg.run.deterministic)
-    run_dir = run_dir or new_run_dir(cfg)
-    moved = claim_run_dir(run_dir, command="sft", overwrite=overwrite)
-    if moved is not None:
-        console.print(f"--overwrite: the run that was in {run_dir} is now in {moved}")
-    device = torch.device(precision.device)
-    model, tokenizer = load_training_model(cfg.model, None, device, load_model)
-    demo_set = tokenize_demos(demos, tokenizer, max_seq_len=s.max_seq_len, path=path)
-    demo_set.skipped["not_passed"] += not_passed
-    if not demo_set.rollouts:
-        raise DataError(path, None, f"no demonstration left to train on ({dict(demo_set.skipped)})")
-    budget = turn_budget(cfg, demo_set.rollouts)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(run_dir / "config.toml", dump_config(cfg))
-    console.print(
-        f"[bold]rldojo sft[/] {cfg.model.name} on {len(demo_set.rollouts)} demonstrations "
-        f"from {path} -> {run_dir} (left out: {dict(demo_set.skipped) or 'none'}); "
-        f"threads: {threads.describe()}",
-        soft_wrap=True,
-    )
-    console.print(f"precision: {precision.describe()}", soft_wrap=True)
-    for key, over in budget["demos_over"].items():
-        if over:
-            console.print(
-                f"[yellow]warning:[/] {over} of {len(demo_set.rollouts)} demonstrations have an "
-                f"assistant turn longer than {key} = {budget['limits'][key]} tokens (longest "
-                f"{budget['longest_turn_tokens']}): sampled with it, a policy cannot reproduce "
-                "them; raise it",
-                soft_wrap=True,
-            )
-    logger = MetricsLogger(run_dir, report_to=cfg.run.report_to, config=cfg.model_dump(mode="json"))
-    evals: dict[str, dict[str, Any]] = {}
-    loop: asyncio.AbstractEventLoop | None = None
-    losses: list[float] = []
-    signals = ExitStack()  # the handlers, restored when the run ends however it ends
-    interrupts = signals.enter_context(Interrupts(lambda line: console.print(line, soft_wrap=True)))
-    try:
-        policy = make_policy(cfg, model, tokenizer, precision.torch_generation_dtype())
-        threshold = pass_threshold(cfg, mixture) if mixture is not None else 1.0
-        loop = asyncio.new_event_loop()  # one for both evaluations: grader pools bind to it
-        grader = mixture.grader() if mixture is not None else None
+    # The file as used is part of the config: config.toml records it, a resume reads it.
+    config = config.model_copy(update={"sft": config.sft.model_copy(update={"data": path})})
+    return run_loop(
+        lambda: SftObjective(config, run_dir, resume=resume), config, run_dir,
+        command="sft", resume=resume, overwrite=overwrite,
+        callbacks=with_console(callbacks, console),
+    )  # fmt: skip
 
-        def heldout(label: str, step: int) -> dict[str, Any]:
-            assert mixture is not None and loop is not None
-            tasks = heldout_tasks(cfg, mixture.test_tasks, label)
-            result = heldout_eval(cfg, mixture.make_env_for, grader, policy,
-                                  tasks, threshold, loop)  # fmt: skip
-            log_eval(console, logger, run_dir, label, step, result)
-            return eval_record(result)
 
-        if mixture is not None and s.eval_before and cfg.eval.before:
-            with interrupts.immediate():
-                evals["before"] = heldout("before", 0)
-        steps = sft_schedule(
-            [len(r.prompt_ids) + len(r.completion_ids) for r in demo_set.rollouts],
+class SftObjective:
+    """Assistant-token NLL on demonstrations, one `sft_schedule` step at a time."""
+
+    command = "sft"
+    kind = "sft"
+    summary_keys = ("model", "data", "demonstrations", "steps", "loss_first", "loss_last",
+                    "accuracy_before", "accuracy_after", "checkpoint", "wall_s")  # fmt: skip
+
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+        cfg, self.precision, self.threads = resolve_resources(config)
+        if not cfg.sft.lora:  # a full-weight cold start; RL adds the adapters to its checkpoint
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
+        self.config, self.run_dir, s = cfg, run_dir, cfg.sft
+        self.data = str(s.data)
+        demos, not_passed = read_demos(self.data, only_passed=s.only_passed)
+        self.mixture = build_mixture(cfg) if cfg.eval.tasks else None  # env ids, kwargs checked
+        checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+        models.check_model(cfg.model.name)
+        check_training_model(cfg.model, checkpoint, cfg.run.cluster)
+        seed_everything(cfg.run.seed, cfg.run.deterministic)
+        self.device = torch.device(self.precision.device)
+        self.model, self.tokenizer = load_training_model(
+            cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
+        )  # late-bound: tests replace `load_model`
+        demo_set = tokenize_demos(demos, self.tokenizer, max_seq_len=s.max_seq_len, path=self.data)
+        demo_set.skipped["not_passed"] += not_passed
+        if not demo_set.rollouts:
+            left = dict(demo_set.skipped)
+            raise DataError(self.data, None, f"no demonstration left to train on ({left})")
+        self.rollouts, self.skipped = demo_set.rollouts, dict(demo_set.skipped)
+        self.budget = turn_budget(cfg, self.rollouts)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(run_dir / "config.toml", dump_config(cfg))
+        self.schedule = sft_schedule(
+            [len(r.prompt_ids) + len(r.completion_ids) for r in self.rollouts],
             batch_size=s.batch_size, micro_batch_size=cfg.optim.micro_batch_size,
             epochs=s.epochs, seed=cfg.run.seed,
         )  # fmt: skip
-        optimizer, scheduler, skipped = _sft_steps(
-            cfg,
-            model,
-            tokenizer,
-            demo_set.rollouts,
-            steps,
-            device,
-            logger,
-            console,
-            interrupts,
-            losses,
-        )
-        done = len(losses)
-        policy.update_weights(None)  # the sampler sees the trained weights
-        if mixture is not None and not interrupts.requested:
-            with interrupts.immediate():
-                evals["after"] = heldout("after", done)
-        checkpoint = save_checkpoint(
-            run_dir / "checkpoints", model=model, tokenizer=tokenizer, optimizer=optimizer,
-            scheduler=scheduler, step=done, state={"sft": True, "evals": evals},
+        self.total_steps = len(self.schedule)
+        self._optimizer(checkpoint)
+        self.policy = make_policy(cfg, self.model, self.tokenizer,
+                                  self.precision.torch_generation_dtype())  # fmt: skip
+        self.threshold = pass_threshold(cfg, self.mixture) if self.mixture is not None else 1.0
+        self.grader = self.mixture.grader() if self.mixture is not None else None
+        self.over_budget: RunStopped | None = None
+        self._loop = asyncio.new_event_loop()  # one for every evaluation: grader pools bind
+
+    def _optimizer(self, checkpoint: Path | None) -> None:
+        """AdamW (fused, as rldojo train's) and the schedule; restored from `checkpoint`."""
+        cfg, s = self.config, self.config.sft
+        self.params = trainable_parameters(self.model)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=s.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
+            fused=True,
         )  # fmt: skip
-    except KeyboardInterrupt:  # during an evaluation, or a second signal: nothing saved
-        raise _sft_interrupted(run_dir, len(losses), None, aborted=interrupts.aborted) from None
-    finally:
-        signals.close()
-        logger.close()
-        if loop is not None:
-            loop.close()
-    summary = {
-        "model": cfg.model.name,
-        "data": path,
-        "demonstrations": len(demo_set.rollouts),
-        "left_out": dict(demo_set.skipped),
-        "assistant_tokens": sum(sum(r.policy_mask) for r in demo_set.rollouts),
-        "turn_budget": budget,
-        "steps": done,
-        "steps_planned": len(steps),
-        "stopped": "interrupted" if interrupts.requested else "steps",
-        "loss_first": losses[0] if losses else None,
-        "loss_last": losses[-1] if losses else None,
-        "nonfinite_skipped": skipped,
-        "accuracy_before": evals.get("before", {}).get("accuracy"),
-        "accuracy_after": evals.get("after", {}).get("accuracy"),
-        "evals": evals,
-        "checkpoint": str(checkpoint),
-        "wall_s": time.perf_counter() - started,
-        "precision": precision.as_dict(),
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    if interrupts.requested:
-        raise _sft_interrupted(run_dir, done, checkpoint)
-    console.print(
-        f"sft: loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(steps)} steps; checkpoint "
-        f"{checkpoint}\nnext: rldojo train CONFIG --set model.name={checkpoint}",
-        soft_wrap=True,
-    )
-    return summary
+        total = len(self.schedule)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: lr_lambda(k, s.warmup_steps, total, cfg.optim.schedule)
+        )
+        self.step_num, self.nonfinite = 0, 0
+        self.evals: dict[str, dict[str, Any]] = {}
+        self.loss_first: float | None = None
+        self.loss_last: float | None = None
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
+            self.step_num, self.evals = int(state["step"]), state.get("evals", {})
+            self.nonfinite = int(state.get("nonfinite_skipped", 0))
+            self.loss_first, self.loss_last = state.get("loss_first"), state.get("loss_last")
 
+    def header(self) -> list[str]:
+        lines = [
+            f"[bold]rldojo sft[/] {self.config.model.name} on {len(self.rollouts)} demonstrations "
+            f"from {self.data} -> {self.run_dir} (left out: {self.skipped or 'none'}); "
+            f"threads: {self.threads.describe()}",
+            f"precision: {self.precision.describe()}",
+        ]
+        b = self.budget
+        for key, over in b["demos_over"].items():
+            if over:
+                lines.append(
+                    f"[yellow]warning:[/] {over} of {len(self.rollouts)} demonstrations have an "
+                    f"assistant turn longer than {key} = {b['limits'][key]} tokens (longest "
+                    f"{b['longest_turn_tokens']}): sampled with it, a policy cannot reproduce "
+                    "them; raise it"
+                )
+        return lines
 
-def _sft_steps(
-    cfg: TrainConfig,
-    model: Any,
-    tokenizer: Any,
-    rollouts: Sequence[Rollout],
-    steps: list[list[list[int]]],
-    device: torch.device,
-    logger: MetricsLogger,
-    console: Console,
-    interrupts: Interrupts,
-    losses: list[float],
-) -> tuple[torch.optim.Optimizer, Any, int]:
-    """The optimizer steps of `sft_schedule`, stopped early after the step in flight when
-    a signal asks; each step's loss appended to `losses`. The optimizer, the scheduler and
-    the number of steps skipped for a non-finite gradient."""
-    s = cfg.sft
-    params = trainable_parameters(model)
-    # fused, as rldojo train's: one kernel per parameter, no full-size temporaries.
-    optimizer = torch.optim.AdamW(params, lr=s.lr, betas=cfg.optim.betas,
-                                  weight_decay=cfg.optim.weight_decay, fused=True)  # fmt: skip
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: lr_lambda(k, s.warmup_steps, len(steps), cfg.optim.schedule)
-    )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    skipped = 0  # steps whose gradient was NaN or inf
-    autocast = partial(forward_context, cfg, model, device)
-    for k, micro_batches in enumerate(steps, start=1):
-        if interrupts.requested:
-            break
+    def preflight(self) -> RunStopped | None:
+        return None
+
+    def evaluates(self, label: str) -> bool:
+        before = self.config.sft.eval_before and self.config.eval.before
+        return self.mixture is not None and (label != "before" or before)
+
+    def step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        loss, tokens = sft_step(model, rollouts, micro_batches, pad_id=pad_id,
-                                autocast=autocast)  # fmt: skip
-        lr = scheduler.get_last_lr()[0]
-        norm, stepped = clipped_step(optimizer, params, cfg.optim.grad_clip)
-        grad_norm = float(norm)
-        skipped += not stepped
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss)
-        metrics = {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": grad_norm,
-                   "sft/lr": lr, "sft/nonfinite_skipped": float(not stepped),
-                   "time/step": time.perf_counter() - t0}  # fmt: skip
-        logger.log(k, metrics, kind="sft")
-        console.print(f"sft step {k:>3}/{len(steps)} loss {loss:.4f} tokens {tokens} "
-                      f"lr {lr:.2e}", soft_wrap=True)  # fmt: skip
-        if not stepped:
-            console.print(f"warning: sft step {k}: gradient norm {grad_norm}, step "
-                          "skipped (weights unchanged)", soft_wrap=True)  # fmt: skip
-    return optimizer, scheduler, skipped
+        cfg = self.config
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        autocast = partial(forward_context, cfg, self.model, self.device)
+        loss, tokens = sft_step(self.model, self.rollouts, self.schedule[self.step_num],
+                                pad_id=pad_id, autocast=autocast)  # fmt: skip
+        lr = self.scheduler.get_last_lr()[0]
+        norm, stepped = clipped_step(self.optimizer, self.params, cfg.optim.grad_clip)
+        self.nonfinite += not stepped
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_num += 1
+        self.loss_first = loss if self.loss_first is None else self.loss_first
+        self.loss_last = loss
+        return {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": float(norm),
+                "sft/lr": lr, "sft/nonfinite_skipped": float(not stepped),
+                "time/step": time.perf_counter() - t0}  # fmt: skip
 
+    def after_step(self, metrics: dict[str, Any]) -> list[str]:
+        if metrics["sft/nonfinite_skipped"]:
+            return [f"warning: sft step {self.step_num}: gradient norm {metrics['sft/grad_norm']}"
+                    ", step skipped (weights unchanged)"]  # fmt: skip
+        return []
 
-def _sft_interrupted(run_dir: Path, step: int, checkpoint: Path | None, *,
-                     aborted: bool = False) -> RunInterrupted:  # fmt: skip
-    saved = "nothing saved" if checkpoint is None else (
-        f"checkpoint {checkpoint.name} (rldojo train can start from it)")  # fmt: skip
-    return RunInterrupted(
-        f"{'aborted' if aborted else 'interrupted'} at sft step {step}; {saved}; sft does not "
-        f"resume: to start over, run it again with --overwrite ({run_dir} moves aside)",
-        step=step, checkpoint=None if checkpoint is None else checkpoint.name,
-    )  # fmt: skip
+    def step_line(self, step: int, m: dict[str, Any]) -> str:
+        return (f"sft step {step:>3}/{self.total_steps} loss {m['sft/loss']:.4f} "
+                f"tokens {m['sft/tokens']} lr {m['sft/lr']:.2e}")  # fmt: skip
+
+    def evaluate(self, label: str) -> EvalResult:
+        assert self.mixture is not None and self.grader is not None
+        self.policy.update_weights(None)  # the sampler sees the trained weights
+        tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
+        result = heldout_eval(self.config, self.mixture.make_env_for, self.grader, self.policy,
+                              tasks, self.threshold, self._loop)  # fmt: skip
+        self.evals[label] = eval_record(result)
+        return result
+
+    def save(self) -> Path:
+        state = {"sft": True, "evals": self.evals, "nonfinite_skipped": self.nonfinite,
+                 "loss_first": self.loss_first, "loss_last": self.loss_last}  # fmt: skip
+        return save_checkpoint(
+            self.run_dir / "checkpoints", model=self.model, tokenizer=self.tokenizer,
+            optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num, state=state,
+        )  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.config.model.name,
+            "data": self.data,
+            "demonstrations": len(self.rollouts),
+            "left_out": self.skipped,
+            "assistant_tokens": sum(sum(r.policy_mask) for r in self.rollouts),
+            "turn_budget": self.budget,
+            "steps_planned": self.total_steps,
+            "loss_first": self.loss_first,
+            "loss_last": self.loss_last,
+            "nonfinite_skipped": self.nonfinite,
+            "precision": self.precision.as_dict(),
+        }
+
+    def close(self) -> None:
+        close = getattr(self.grader, "close", None)
+        if close is not None and asyncio.iscoroutine(result := close()):
+            self._loop.run_until_complete(result)
+        self._loop.close()
