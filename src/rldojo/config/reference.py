@@ -101,16 +101,38 @@ def markdown(root: type[BaseModel] | None = None) -> str:
         "required, and a key left out takes the default shown. `--set table.key=value`",
         "overrides a key from the command line (the value is a TOML literal), and",
         "`rldojo config CONFIG --set ...` prints the config a run would use. A default of",
-        "`None` means the key is absent: TOML has no null, so leave such a key out. An",
-        "unknown key is an error that names the closest key.",
+        "`None` means the key is absent: TOML has no null, so leave such a key out, or",
+        'write `"none"` to set a key whose type admits None but whose default is not None',
+        '(`loss.tis_cap = "none"`, `--set loss.tis_cap=none`). An unknown key is an error',
+        "that names the closest key.",
         "",
         textwrap.fill("Tables: " + ", ".join(f"`{t.heading}`" for t in found) + ".", 90),
     ]
+    top = _top_keys(root)
+    if top:
+        lines += ["", "## Top-level keys", "", "Written before the first table.", ""]
+        lines += [_key_markdown(key) for key in top]
     for table in found:
         lines += ["", f"## `{table.heading}`", ""]
         lines += [table.doc, ""] if table.doc else []
         lines += [_key_markdown(key) for key in table.keys]
     return "\n".join(lines) + "\n"
+
+
+def _top_keys(root: type[BaseModel] | None) -> list[KeyDoc]:
+    """The keys of `root` (default: `TrainConfig`) that are not tables (e.g. `recipe`)."""
+    if root is None:
+        from rldojo.config import TrainConfig
+
+        root = TrainConfig
+    declared = {name: (node, text) for name, node, text in _declarations(root)}
+    keys = []
+    for name, field in root.model_fields.items():
+        if _nested_model(field.annotation) is None:
+            node, text = declared.get(name, (None, ""))
+            type_text = ", ".join([_type_text(field.annotation, name), *_bounds(field.metadata)])
+            keys.append(KeyDoc(name, type_text, _default_text(node), text))
+    return keys
 
 
 def _walk(model: type[BaseModel], path: str, array: bool, doc: str, out: list[TableDoc]) -> None:
