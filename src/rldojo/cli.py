@@ -1,5 +1,5 @@
-"""The `rldojo` command line: the typer app and its entry point; `envs` here, every other
-command in its own module under `rldojo.commands` (train, doctor, eval, ...).
+"""The `rldojo` command line: the typer app and its entry point; every command lives in
+its own module under `rldojo.commands` (train, doctor, eval, plugins, ...).
 
 Every command turns bad input into a one-line error on stderr and exit code 2 (config
 errors name the file and key; data errors name the file, line and field), never a
@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from rldojo.commands.ui import console, err_console, user_errors
+from rldojo.commands.ui import err_console, user_errors
 from rldojo.train.stops import EXIT_FAILED, EXIT_USAGE, RunStopped
 
 app = typer.Typer(
@@ -63,15 +63,6 @@ def _one_line(text: str) -> str:
 
 def _error_line(text: str) -> None:
     err_console.print(f"[red]error:[/] {escape(' '.join(text.split()))}", soft_wrap=True)
-
-
-@app.command()
-def envs() -> None:
-    """List the registered environments."""
-    from rldojo.envs.registry import list_envs
-
-    for env_id in list_envs():
-        console.print(env_id)
 
 
 def _register_subsystem_commands() -> None:

@@ -27,11 +27,11 @@ class TinyEnv(SingleTurnEnv):
 
 @pytest.fixture(autouse=True)
 def clean_registry():
-    registry._load_builtins()
-    saved = dict(registry._factories)
+    registry.ENVS.load()
+    saved = dict(registry.ENVS.plugins)
     yield
-    registry._factories.clear()
-    registry._factories.update(saved)
+    registry.ENVS.plugins.clear()
+    registry.ENVS.plugins.update(saved)
 
 
 def test_register_and_make() -> None:
@@ -163,8 +163,8 @@ def test_installed_packages_register_envs_through_entry_points(
         "Bad_Id = rldojo_ep_envs:Rev\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_builtin_errors", {})
-    registry._load_entry_points()
+    monkeypatch.setattr(registry.ENVS, "errors", {})
+    registry.ENVS.load_entry_points()
     assert {"reverse-v1", "broken-v1"} <= set(list_envs()) and "Bad_Id" not in list_envs()
     assert "rldojo_ep_envs" not in sys.modules  # loaded on first use only
     assert make_env("reverse-v1").env_id == "reverse-v1"

@@ -23,4 +23,5 @@ COMMAND_MODULES = (
     "rldojo.commands.sft",
     "rldojo.commands.demos",
     "rldojo.commands.config_doc",
+    "rldojo.commands.plugins",
 )

@@ -2,7 +2,8 @@
 
 Runs `rldojo.envs.check.check_env` on a registered id or a ``package.module:factory``
 path and prints one line per check. Exit status: 0 when every check passes, 1 when one
-fails, 2 for bad input (unknown id, invalid ``--kwargs`` JSON).
+fails, 2 for bad input (unknown id, invalid ``--kwargs`` JSON, kwargs the environment's
+`Kwargs` model or signature refuses: one line naming the key, ``env.kwargs.db_size``).
 
 With ``--show`` (or ``--action``) it also plays one episode on the first train task and
 prints the whole transcript (prompt, policy turns with their tool calls, environment
@@ -55,7 +56,12 @@ def check_env_command(
 
     from rldojo.commands.ui import console, fail
     from rldojo.envs.check import check_env
-    from rldojo.envs.registry import list_envs
+    from rldojo.envs.registry import (
+        EnvKwargsError,
+        UnknownEnvError,
+        check_kwargs,
+        resolve_factory,
+    )
 
     try:
         env_kwargs = json.loads(kwargs)
@@ -65,8 +71,10 @@ def check_env_command(
     if not isinstance(env_kwargs, dict):
         fail("--kwargs must be a JSON object")
         return
-    if ":" not in env_id and env_id not in list_envs():
-        fail(f"unknown environment {env_id!r}; known: {', '.join(list_envs())}")
+    try:  # the id and kwargs (its Kwargs model, else its signature) before any check
+        check_kwargs(env_id, resolve_factory(env_id), env_kwargs)
+    except (UnknownEnvError, EnvKwargsError) as exc:
+        fail(str(exc))
         return
     report = check_env(env_id, seed=seed, timeout_s=timeout_s, **env_kwargs)
     for result in report.results:

@@ -1,6 +1,7 @@
 """`rldojo demos`: expert or teacher demonstrations of an environment, as JSONL for SFT.
 
     rldojo demos ENV --n N --out demos.jsonl [--env-kwargs JSON] [--split train] [--seed 0]
+                 [--expert ID|pkg.module:factory]
                  [--teacher http://host:port/v1#model] [--samples K] [--temperature 0.7]
                  [--max-new-tokens 256] [--keep passed|all] [--api-key KEY]
     rldojo demos CONFIG.toml --n N --out demos.jsonl [--set env.kwargs.levels=[1]]
@@ -9,12 +10,13 @@ ENV is an environment id, or the TOML config that `rldojo sft` and `rldojo train
 its `[env]` id and kwargs are played (with `--set` overrides; `--env-kwargs` is merged
 over the kwargs), so the demonstrations come from the environment the model trains on.
 
-Without `--teacher`, the env's expert plays (`rldojo.envs.experts`); with it, the endpoint
-does, and only episodes the env's grader passes are kept (up to `--samples` attempts per
-task). Each line is one demo record (`rldojo.rollout.demos`); the file is replaced in one
-step when the collection is done. Bad input (unknown env, an env without an expert, bad
-`--env-kwargs` or config, an `--out` that cannot be written) is one line, before any
-episode; an error in the config's env names the config file.
+Without `--teacher`, the env's expert plays (`rldojo.envs.experts`), or the one `--expert`
+names (an installed expert's id from `rldojo plugins`, or ``pkg.module:factory``); with
+`--teacher`, the endpoint does, and only episodes the env's grader passes are kept (up
+to `--samples` attempts per task). Each line is one demo record (`rldojo.rollout.demos`);
+the file is replaced in one step when the collection is done. Bad input (unknown env, an
+env without an expert, bad `--env-kwargs` or config, an `--out` that cannot be written) is
+one line, before any episode; an error in the config's env names the config file.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ async def _collect(o: dict[str, Any], kwargs: dict[str, Any]) -> tuple[list[dict
     try:
         return await collect_demos(
             o["env"], kwargs, n=o["n"], split=o["split"], seed=o["seed"],
-            actor=teacher or "expert", samples=o["samples"], keep=o["keep"],
+            actor=teacher or "expert", expert=o["expert"], samples=o["samples"], keep=o["keep"],
             pass_threshold=o["pass_threshold"], max_turns=o["max_turns"],
             concurrency=o["concurrency"],
         )  # fmt: skip
@@ -143,6 +145,10 @@ def demos(
     ] = None,
     split: Annotated[str, typer.Option()] = "train",
     seed: Annotated[int, typer.Option(help="Task seed; episode seeds follow from it")] = 0,
+    expert: Annotated[
+        str | None,
+        typer.Option(help="Expert to play: an id from rldojo plugins, or pkg.module:factory"),
+    ] = None,
     teacher: Annotated[
         str | None, typer.Option(help="Teacher endpoint http://host:port/v1#model-name")
     ] = None,
@@ -171,6 +177,8 @@ def demos(
             raise ValueError(f"--keep must be 'passed' or 'all', got {keep!r}")
         if n < 1 or samples < 1 or max_turns < 1:
             raise ValueError("--n, --samples and --max-turns must be >= 1")
+        if expert and teacher:
+            raise ValueError("--expert and --teacher exclude each other: one of them plays")
         o["env"], kwargs, source = _env_of(env, env_kwargs, set_ or [])
         _check_out(out)
         records, stats = asyncio.run(_collect(o, kwargs))

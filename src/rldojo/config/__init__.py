@@ -54,9 +54,11 @@ class EnvConfig(_Section):
 
 class GraderConfig(_Section):
     spec: str | dict[str, Any] | None = None
-    """A grader spec (OpenAI grader JSON/TOML file path, or an inline table) that replaces
-    the environment's default grader; see `rldojo.graders.load`. Its `{{item.x}}` templates
-    are checked against the environments' tasks before the run starts."""
+    """A grader spec that replaces the environment's default grader: an OpenAI grader
+    JSON/TOML file path, an inline table, an installed grader's name (entry-point group
+    `rldojo.graders`, `rldojo plugins` lists them) or a `module:factory` path; see
+    `rldojo.graders.load`. Its `{{item.x}}` templates are checked against the
+    environments' tasks before the run starts."""
     pass_threshold: float | None = None
     """A sample passes (`reward/pass_rate`, held-out accuracy, the curriculum) when its
     score has a `correct` component of 1, else when its value is at least this. None: the

@@ -28,13 +28,23 @@ import hashlib
 import random
 from collections.abc import Callable, Sequence
 
+from pydantic import Field
+
 from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.kwargs import EnvKwargs
 from rldojo.envs.registry import register
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_reward
 from rldojo.graders.rules import answer_instruction
 from rldojo.types import Task
 
-__all__ = ["ARITH_INSTRUCTION", "DEFAULT_SYSTEM_PROMPT", "LEVELS", "TEST_SHARE", "ArithEnv"]
+__all__ = [
+    "ARITH_INSTRUCTION",
+    "DEFAULT_SYSTEM_PROMPT",
+    "LEVELS",
+    "TEST_SHARE",
+    "ArithEnv",
+    "ArithKwargs",
+]
 
 ENV_ID = "arith-v1"
 LEVELS = (1, 2, 3, 4)
@@ -170,18 +180,26 @@ def is_test_question(question: str) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < TEST_SHARE
 
 
-class ArithEnv(SingleTurnEnv):
-    """Procedural arithmetic (see the module docstring).
+class ArithKwargs(EnvKwargs):
+    """The kwargs of arith-v1 (`[env] kwargs`)."""
 
-    Args:
-        levels: which difficulty levels to draw from (uniformly per task), from 1..4.
-        system_prompt: the system message; None for none.
-        answer_format: the instruction appended to every question.
-        format_penalty: reward lost when the ``Answer:`` line is missing.
-        grader_timeout_s: hard timeout of one math-verify comparison.
-    """
+    levels: Sequence[int] = (1,)
+    """Difficulty levels to draw from (uniformly per task), a non-empty subset of 1..4."""
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    """The system message; None for none."""
+    answer_format: str = ARITH_INSTRUCTION
+    """The instruction appended to every question."""
+    format_penalty: float = FORMAT_PENALTY
+    """Reward lost when the ``Answer:`` line is missing."""
+    grader_timeout_s: float = Field(5.0, gt=0)
+    """Hard timeout of one math-verify comparison, in seconds."""
+
+
+class ArithEnv(SingleTurnEnv):
+    """Procedural arithmetic (see the module docstring); its arguments: `ArithKwargs`."""
 
     env_id = ENV_ID
+    Kwargs = ArithKwargs
     expected_answer = "a line 'Answer: <number>'"
     """What the grader extracts an answer from (`rldojo.train.signal` names it)."""
 

@@ -15,13 +15,15 @@ so the demonstrated calls are the ones a model must learn. Turns are short and c
 them (`rldojo.rollout.demos` plays experts into demonstration files).
 
 The experts of the built-in families live next to them (`arith_tools/expert.py`,
-`crm/expert.py`, `games_expert.py`) and are imported on first use; `register_expert`
-adds one for another environment.
+`crm/expert.py`, `games_expert.py`) and are imported on first use. Experts are plugins
+(`rldojo.plugins`, `EXPERTS`): `register_expert` adds one in process, an installed package
+through the entry-point group ``rldojo.experts`` (the entry's name is the environment id
+it plays, its value the factory), and ``expert_for(env_id, expert="pkg.mod:factory")``
+(``rldojo demos --expert``) plays one named by path, or another registered one.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -29,9 +31,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from rldojo.envs.tool_calls import parse_turn
+from rldojo.plugins import Registry
 from rldojo.types import Message, Task
 
 __all__ = [
+    "EXPERTS",
     "Expert",
     "ToolExchange",
     "expert_for",
@@ -54,40 +58,50 @@ class Expert(Protocol):
 ExpertFactory = Callable[..., Expert]
 """Builds an expert from the environment's kwargs (it may refuse a configuration)."""
 
-_BUILTIN: dict[str, str] = {
-    "arith-tools-v1": "rldojo.envs.arith_tools.expert:make_expert",
-    "crm-v1": "rldojo.envs.crm.expert:make_expert",
-    "tictactoe-v1": "rldojo.envs.games_expert:make_expert",
-    "connect4-v1": "rldojo.envs.games_expert:make_expert",
-}
-_REGISTERED: dict[str, ExpertFactory] = {}
+EXPERTS = Registry(
+    "expert",
+    "rldojo.experts",
+    lazy={
+        "arith-tools-v1": "rldojo.envs.arith_tools.expert:make_expert",
+        "crm-v1": "rldojo.envs.crm.expert:make_expert",
+        "tictactoe-v1": "rldojo.envs.games_expert:make_expert",
+        "connect4-v1": "rldojo.envs.games_expert:make_expert",
+    },
+    error=ValueError,
+)
+"""Expert factories by the environment id they play (see the module docstring)."""
 
 
 def register_expert(env_id: str, factory: ExpertFactory) -> None:
     """Give `env_id` an expert: ``factory(env_id=..., **env_kwargs)`` returns it."""
-    _REGISTERED[env_id] = factory
+    EXPERTS.register(env_id, factory, overwrite=True)
 
 
 def list_experts() -> list[str]:
     """The environment ids that have an expert."""
-    return sorted({*_BUILTIN, *_REGISTERED})
+    return EXPERTS.names()
 
 
-def expert_for(env_id: str, **env_kwargs: Any) -> Expert:
-    """The expert of `env_id`, for an environment built with `env_kwargs`.
+def expert_for(env_id: str, *, expert: str | None = None, **env_kwargs: Any) -> Expert:
+    """The expert of `env_id`, for an environment built with `env_kwargs`; `expert`
+    names another one to play it (an id from `list_experts`, or ``"pkg.mod:factory"``).
 
-    Raises `ValueError` (one line) when `env_id` has no expert, or when its expert cannot
-    play that configuration (e.g. arith-tools-v1 without the calculator).
+    Raises `ValueError` (one line) when `env_id` has no expert, when `expert` cannot be
+    found, or when the expert cannot play that configuration (e.g. arith-tools-v1
+    without the calculator).
     """
-    factory = _REGISTERED.get(env_id)
-    if factory is None and env_id in _BUILTIN:
-        module, _, name = _BUILTIN[env_id].partition(":")
-        factory = getattr(importlib.import_module(module), name)
-    if factory is None:
+    if expert is None and env_id not in EXPERTS:
         raise ValueError(
             f"{env_id} has no expert; environments with experts: {', '.join(list_experts())}"
         )
-    return factory(env_id=env_id, **env_kwargs)
+    # an env id is never read as a path: "pkg.mod:make_env" names the env, not its expert
+    factory = EXPERTS.resolve(expert or env_id, paths=expert is not None)
+    made = factory(env_id=env_id, **env_kwargs)
+    if not callable(getattr(made, "act", None)):
+        raise ValueError(
+            f"expert {expert or env_id!r} returned {type(made).__name__}, which has no act()"
+        )
+    return made  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------ the tool-call protocol

@@ -34,16 +34,19 @@ import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from rldojo.envs.base import turn_token_rewards
 from rldojo.envs.game_rules import Connect4, Rules, TicTacToe, negamax
 from rldojo.envs.games_expert import credit_expert
+from rldojo.envs.kwargs import EnvKwargs, LimitsKwargs
 from rldojo.envs.multiturn import EpisodeLimits, MultiTurnEnv, TurnOutcome
 from rldojo.envs.registry import register
 from rldojo.types import Rollout, Score, Task
 
-__all__ = ["Connect4Env", "GameGrader", "GameState", "TicTacToeEnv"]
+__all__ = ["Connect4Env", "GameGrader", "GameKwargs", "GameState", "TicTacToeEnv"]
 
 _MOVE = re.compile(r"<move>\s*(\d+)\s*</move>")
 _ANSWER_MOVE = re.compile(r"<answer>\s*(\d+)\s*</answer>")
@@ -63,9 +66,36 @@ class GameState:
     """The move of each policy turn, None for an illegal one."""
 
 
-class GameEnv(MultiTurnEnv):
-    """A board game against a scripted opponent (see the module docstring)."""
+Outcome = Literal["win", "draw", "loss", "forfeit", "unfinished"]
 
+
+class GameKwargs(EnvKwargs):
+    """The kwargs of tictactoe-v1 and connect4-v1 (`[env] kwargs`)."""
+
+    opponent_depth: int = Field(0, ge=0)
+    """Plies the opponent searches (negamax); 0 plays random legal moves, tic-tac-toe at
+    9 is perfect."""
+    opponent_epsilon: float = Field(0.0, ge=0.0, le=1.0)
+    """Chance that the opponent plays a random legal move instead of its search's."""
+    max_illegal: int = Field(3, ge=1)
+    """Illegal or missing moves before the game is lost by forfeit."""
+    outcome_reward: Mapping[Outcome, float] | None = None
+    """Reward per outcome, merged over win 1.0, draw 0.5, loss 0.0, forfeit 0.0,
+    unfinished 0.0 (a table, e.g. ``{draw = 0.3}``)."""
+    illegal_penalty: float = 0.1
+    """Subtracted per illegal move."""
+    move_credit: float = Field(0.0, ge=0.0)
+    """Weight of the per-move credit put on each move's tokens (module docstring); 0: off."""
+    limits: LimitsKwargs | None = None
+    """Per-episode limits (a table); None: max_turns = 12 (tic-tac-toe) or 30 (connect
+    four) and the other defaults."""
+
+
+class GameEnv(MultiTurnEnv):
+    """A board game against a scripted opponent (see the module docstring); its
+    arguments: `GameKwargs`."""
+
+    Kwargs = GameKwargs
     rules: Rules = TicTacToe()
     default_max_turns = 12
 

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from rldojo.data.loading import (
     DataError,
     read_rows,
@@ -41,12 +43,19 @@ from rldojo.data.loading import (
     require_field,
 )
 from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.kwargs import EnvKwargs
 from rldojo.envs.registry import register
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_reward
 from rldojo.graders.rules import answer_instruction, last_boxed
 from rldojo.types import Task
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "MATH_INSTRUCTION", "MathEnv", "reference_answer"]
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "MATH_INSTRUCTION",
+    "MathEnv",
+    "MathKwargs",
+    "reference_answer",
+]
 
 ENV_ID = "math-v1"
 MATH_INSTRUCTION = answer_instruction("answer")
@@ -174,25 +183,42 @@ def _load_hf(
     return _records(rows, source, prompt_fields, answer_fields, id_field)
 
 
+class MathKwargs(EnvKwargs):
+    """The kwargs of math-v1 (`[env] kwargs`): exactly one of `path` and `hf_dataset`."""
+
+    path: str | Path | None = None
+    """JSONL/JSON/Parquet file of problems (or use `hf_dataset`)."""
+    test_path: str | Path | None = None
+    """A separate test file; otherwise `test_fraction` of `path` is held out."""
+    hf_dataset: str | Sequence[str] | None = None
+    """``name``, ``[name, split]`` or ``[name, config, split]`` loaded with
+    `datasets.load_dataset` (needs `datasets`; downloads unless cached or offline)."""
+    prompt_field: str | None = None
+    """The question field; None: the first of prompt, problem, question."""
+    answer_field: str | None = None
+    """The reference field; None: the first of answer, solution."""
+    id_field: str = "id"
+    """Optional field with a unique id per row."""
+    test_fraction: float = 0.1
+    """Held-out share, in [0, 1), when there is no `test_path`."""
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    """The system message; None for none."""
+    answer_format: str = MATH_INSTRUCTION
+    """The instruction appended to every question."""
+    format_penalty: float = FORMAT_PENALTY
+    """Reward lost when the ``Answer:`` line is missing."""
+    grader_timeout_s: float = Field(5.0, gt=0)
+    """Hard timeout of one math-verify comparison, in seconds."""
+
+
 class MathEnv(SingleTurnEnv):
     """Math problems with reference answers from a file or hub dataset (see module docstring).
 
-    Args:
-        path: JSONL/JSON/Parquet file of problems (or use `hf_dataset`).
-        test_path: a separate test file; otherwise `test_fraction` of `path` is held out.
-        hf_dataset: ``name``, ``(name, split)`` or ``(name, config, split)`` loaded with
-            `datasets.load_dataset` (needs `datasets`; downloads unless cached/offline).
-        prompt_field: the question field; default the first of prompt/problem/question.
-        answer_field: the reference field; default the first of answer/solution.
-        id_field: optional field with a unique id per row.
-        test_fraction: held-out share when there is no `test_path`.
-        system_prompt: the system message; None for none.
-        answer_format: the instruction appended to every question.
-        format_penalty: reward lost when the ``Answer:`` line is missing.
-        grader_timeout_s: hard timeout of one math-verify comparison.
+    Args: see `MathKwargs` (one documented field per argument).
     """
 
     env_id = ENV_ID
+    Kwargs = MathKwargs
     expected_answer = "a line 'Answer: <answer>'"
     """What the grader extracts an answer from (`rldojo.train.signal` names it)."""
 

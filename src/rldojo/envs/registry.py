@@ -18,26 +18,28 @@ entry's name is an id and its value a factory, e.g. in the package's pyproject.t
 
 so after ``pip install my-envs`` the CLI knows ``reverse-v1`` (loaded on first use, like
 the built-ins). A ``"module:factory"`` path is imported the way ``python -m`` does: from
-the installed packages and then from the current directory.
+the installed packages and then from the current directory. The registry is an
+`rldojo.plugins.Registry` (`ENVS`), which also says where each environment came from.
+
+Kwargs are checked before the factory runs: against its `Kwargs` model when it declares
+one (`rldojo.envs.kwargs`), else against its signature.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.metadata
 import inspect
-import os
 import re
-import sys
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from rldojo.envs.base import Env
+from rldojo.envs.kwargs import EnvKwargsError, kwargs_model, validate_kwargs
+from rldojo.plugins import Registry
 
 __all__ = [
     "BUILTIN_MODULES",
+    "ENVS",
     "EnvKwargsError",
     "UnknownEnvError",
     "build_env",
@@ -66,14 +68,6 @@ ENTRY_POINT_GROUP = "rldojo.envs"
 ENV_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*-v\d+$")
 """Ids are lowercase names with a version suffix: ``arith-v1``, ``crm.sales-v2``."""
 
-_factories: dict[str, Callable[..., Env]] = {}
-_builtins_state = "unloaded"  # -> "loading" -> "loaded"
-_builtin_errors: dict[str, str] = {}
-
-
-class EnvKwargsError(ValueError):
-    """`env.kwargs` do not match the environment factory's signature (message: one line)."""
-
 
 class UnknownEnvError(KeyError):
     """`make_env` was given an id that is not registered (or a factory path that fails)."""
@@ -82,65 +76,14 @@ class UnknownEnvError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _load_builtins() -> None:
-    """Import the built-in environment modules once; they call `register` themselves.
-
-    A built-in that fails to import is reported (warning, and in `UnknownEnvError`
-    messages) instead of breaking every other environment.
-    """
-    global _builtins_state
-    if _builtins_state != "unloaded":
-        return
-    _builtins_state = "loading"
-    try:
-        for module in BUILTIN_MODULES:
-            try:
-                importlib.import_module(module)
-            except Exception as exc:
-                _builtin_errors[module] = f"{type(exc).__name__}: {exc}"
-                warnings.warn(
-                    f"rldojo: built-in environment module {module} failed to import: {exc}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-        _load_entry_points()
-    finally:
-        _builtins_state = "loaded"
-
-
-def _load_entry_points() -> None:
-    """Register the environments of installed packages (`ENTRY_POINT_GROUP`), lazily:
-    the factory's module is imported only when the id is used."""
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _factories:
-            _builtin_errors[f"entry point {ep.name}"] = "id already registered"
-            continue
-        if not ENV_ID_PATTERN.match(ep.name):
-            _builtin_errors[f"entry point {ep.name}"] = "invalid id (expected name-v<N>)"
-            continue
-        _factories[ep.name] = _LazyFactory(ep)
-
-
-class _LazyFactory:
-    """An entry point's factory, imported on first call (keeps `list_envs` cheap)."""
-
-    def __init__(self, ep: importlib.metadata.EntryPoint) -> None:
-        self.ep = ep
-        self._target: Callable[..., Env] | None = None
-
-    def load(self) -> Callable[..., Env]:
-        if self._target is None:
-            try:
-                self._target = self.ep.load()
-            except Exception as exc:
-                raise UnknownEnvError(
-                    f"environment {self.ep.name!r} (entry point {self.ep.value}): "
-                    f"{type(exc).__name__}: {exc}"
-                ) from None
-        return self._target
-
-    def __call__(self, **kwargs: Any) -> Env:
-        return self.load()(**kwargs)
+ENVS = Registry(
+    "environment",
+    ENTRY_POINT_GROUP,
+    modules=BUILTIN_MODULES,
+    name_pattern=ENV_ID_PATTERN,
+    error=UnknownEnvError,
+)
+"""Every environment: the built-ins, the installed packages' and those registered here."""
 
 
 def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = False) -> None:
@@ -155,57 +98,12 @@ def register(env_id: str, factory: Callable[..., Env], *, overwrite: bool = Fals
             f"invalid environment id {env_id!r}: expected lowercase 'name-v<N>' "
             f"matching {ENV_ID_PATTERN.pattern}"
         )
-    if not callable(factory):
-        raise ValueError(f"factory for {env_id!r} is not callable: {factory!r}")
-    _load_builtins()  # so that a user id clashing with a built-in is caught here
-    if env_id in _factories and not overwrite:
-        raise ValueError(f"environment {env_id!r} is already registered; pass overwrite=True")
-    _factories[env_id] = factory
+    ENVS.register(env_id, factory, overwrite=overwrite)
 
 
 def list_envs() -> list[str]:
     """All registered environment ids, sorted."""
-    _load_builtins()
-    return sorted(_factories)
-
-
-def _unknown(env_id: str) -> UnknownEnvError:
-    known = list_envs()
-    message = f"unknown environment {env_id!r}"
-    close = difflib.get_close_matches(env_id, known, n=1)
-    if close:
-        message += f" (did you mean {close[0]!r}?)"
-    message += f"; known: {', '.join(known) or '(none)'}; or pass 'package.module:factory'"
-    if _builtin_errors:
-        failed = "; ".join(f"{m}: {e}" for m, e in _builtin_errors.items())
-        message += f"; environments that failed to load: {failed}"
-    return UnknownEnvError(" ".join(message.split()))
-
-
-def _resolve_path(env_id: str) -> Callable[..., Env]:
-    """``"pkg.module:factory"`` (attribute may be dotted) -> the factory."""
-    module_name, _, attr = env_id.partition(":")
-    if not module_name or not attr:
-        raise _unknown(env_id)
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:  # as `python -m` would: ./my_env.py
-        sys.path.append(cwd)
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise UnknownEnvError(f"environment {env_id!r}: no module named {exc.name!r}") from None
-        raise  # the module exists but one of its own imports is missing
-    for part in attr.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise UnknownEnvError(
-                f"environment {env_id!r}: module {module_name!r} has no attribute {attr!r}"
-            ) from None
-    if not callable(target):
-        raise UnknownEnvError(f"environment {env_id!r}: {attr!r} is not callable")
-    return target  # type: ignore[no-any-return]
+    return ENVS.names()
 
 
 def resolve_factory(env_id: str) -> Callable[..., Env]:
@@ -213,18 +111,18 @@ def resolve_factory(env_id: str) -> Callable[..., Env]:
 
     Env worker processes receive this (pickled) with the kwargs and build the env there.
     """
-    if ":" in env_id:
-        return _resolve_path(env_id)
-    _load_builtins()
-    if env_id not in _factories:
-        raise _unknown(env_id)
-    factory = _factories[env_id]
-    return factory.load() if isinstance(factory, _LazyFactory) else factory
+    factory: Callable[..., Env] = ENVS.resolve(env_id)
+    return factory
 
 
 def check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
-    """Raise `EnvKwargsError` (one line) when `kwargs` do not fit the factory's signature:
-    an unknown name (with the closest accepted one) or a missing required argument."""
+    """Raise `EnvKwargsError` (one line, naming the key) when `kwargs` do not fit the
+    factory's `Kwargs` model (`rldojo.envs.kwargs`), or, for a factory without one, its
+    signature: an unknown name (with the closest accepted one) or a missing argument."""
+    model = kwargs_model(factory)
+    if model is not None:
+        validate_kwargs(env_id, model, kwargs)
+        return
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check against

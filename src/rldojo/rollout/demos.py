@@ -269,6 +269,7 @@ async def collect_demos(
     split: str = "train",
     seed: int = 0,
     actor: Literal["expert"] | Actor = "expert",
+    expert: str | None = None,
     samples: int = 1,
     keep: Literal["passed", "all"] = "passed",
     pass_threshold: float | None = None,
@@ -278,7 +279,8 @@ async def collect_demos(
 ) -> tuple[list[dict[str, Any]], DemoStats]:
     """Play the first `n` tasks of `split` and return the demo records kept, and stats.
 
-    `actor` is ``"expert"`` (`rldojo.envs.experts.expert_for`) or any actor (e.g. a
+    `actor` is ``"expert"`` (`rldojo.envs.experts.expert_for`; `expert` names another
+    expert than the env's own, by id or ``"pkg.mod:factory"``) or any actor (e.g. a
     `Teacher`, whose `source` names it). Rejection sampling: each task gets up to
     `samples` attempts (episode seed ``seed + i + k * n`` for task ``i``, attempt ``k``)
     and stops at the first that passes, so ``keep="passed"`` keeps at most one episode
@@ -298,7 +300,7 @@ async def collect_demos(
     grader = probe.default_grader()
     await probe.close()
     if actor == "expert":
-        play, source = expert_for(env_id, **kwargs).act, "expert"
+        play, source = expert_for(env_id, expert=expert, **kwargs).act, "expert"
     else:
         play, source = actor, str(getattr(actor, "source", "actor"))  # type: ignore[assignment]
     stats, gate = DemoStats(tasks=len(tasks)), asyncio.Semaphore(max(1, concurrency))

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from rldojo import pyast
 from rldojo.envs.arith_tools.grader import ArithToolsGrader, ArithToolsReward
+from rldojo.envs.kwargs import EnvKwargs, LimitsKwargs, ToolEnvKwargs
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
 from rldojo.envs.tools import Tool, ToolError
 from rldojo.types import Task
@@ -25,6 +26,7 @@ from rldojo.types import Task
 __all__ = [
     "ENV_ID",
     "ArithToolsEnv",
+    "ArithToolsKwargs",
     "SandboxUnavailableError",
     "calculate",
     "calculator_tool",
@@ -252,19 +254,42 @@ def _problem(rng: random.Random, level: int) -> tuple[str, int]:
 # ------------------------------------------------------------------ env
 
 
-class ArithToolsEnv(ToolEnv):
-    """arith-tools-v1 (see the module docstring).
+class ArithToolsRewardKwargs(EnvKwargs):
+    """`ArithToolsReward` as a table, ``reward = {tool_cost = 0.05}`` (see `grader`)."""
 
-    Args:
-        levels: difficulty levels to draw from (1..4).
-        python: ``auto`` (offer the python tool where the sandbox works), ``on``
-            (require it), ``off``.
-        calculator: offer the calculator tool.
-        reward: terms of `ArithToolsGrader`.
-        limits, schema_style, ...: see `rldojo.envs.multiturn.ToolEnv`.
-    """
+    tag_reward: float = 0.1
+    """Added for an integer in ``<answer>`` tags and no protocol error."""
+    tool_cost: float = 0.02
+    """Subtracted per tool call, failed ones included (over-use hurts too)."""
+    format_penalty: float = 0.2
+    """Subtracted when the episode ends without a final answer."""
+    error_penalty: float = 0.05
+    """Subtracted per protocol error (up to `error_cap`)."""
+    error_cap: int = 5
+    """Most protocol errors penalised in one episode."""
+
+
+class ArithToolsKwargs(ToolEnvKwargs):
+    """The kwargs of arith-tools-v1 (`[env] kwargs`); the tool-use ones are `ToolEnvKwargs`'."""
+
+    levels: Sequence[int] = (1, 2, 3, 4)
+    """Difficulty levels to draw from, a non-empty subset of 1..4."""
+    python: Literal["auto", "on", "off"] = "auto"
+    """The python tool: ``auto`` offers it where the sandbox works, ``on`` requires it,
+    ``off`` never offers it."""
+    calculator: bool = True
+    """Offer the calculator tool (exact arithmetic on integers and fractions)."""
+    reward: ArithToolsRewardKwargs | None = None
+    """Terms of the reward (a table); None: the defaults."""
+    limits: LimitsKwargs | None = None
+    """Per-episode limits (a table); None: max_turns = 6 and the other defaults."""
+
+
+class ArithToolsEnv(ToolEnv):
+    """arith-tools-v1 (see the module docstring); its arguments: `ArithToolsKwargs`."""
 
     env_id = ENV_ID
+    Kwargs = ArithToolsKwargs
     instructions = (
         "You are a careful math assistant. These numbers are too large to compute in your "
         "head: use the tools. Give the exact integer result in <answer>...</answer>."

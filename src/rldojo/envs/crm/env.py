@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from rldojo.envs.crm.api import CrmApi
 from rldojo.envs.crm.data import DB_SIZES, base_snapshot, connect, diff, state_digest
 from rldojo.envs.crm.grader import CrmGrader, CrmReward
 from rldojo.envs.crm.query import search_tool, sql_tool
 from rldojo.envs.crm.scenarios import KNOWLEDGE_BASE, make_scenario
+from rldojo.envs.kwargs import EnvKwargs, LimitsKwargs, ToolEnvKwargs
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
 from rldojo.envs.tools import Tool
 from rldojo.types import Task
 
-__all__ = ["ENV_ID", "CrmEnv"]
+__all__ = ["ENV_ID", "CrmEnv", "CrmKwargs", "CrmRewardKwargs"]
 
 ENV_ID = "crm-v1"
 DEFAULT_N = {"train": 500, "test": 100}
@@ -43,21 +46,55 @@ INSTRUCTIONS = (
 )
 
 
-class CrmEnv(ToolEnv):
-    """crm-v1 (see the package docstring of `rldojo.envs.crm`).
+class CrmRewardKwargs(EnvKwargs):
+    """`CrmReward` as a table, ``reward = {collateral_penalty = 0.5}`` (see `grader`)."""
 
-    Args:
-        levels: difficulty levels to draw tasks from (1 lookup ... 4 conditional updates).
-        db_size: ``small`` (20 accounts), ``default`` (60) or ``large`` (400).
-        n_databases: distinct start databases per split; task ``i`` uses database
-            ``i % n_databases`` (fewer databases, more reuse of cached snapshots).
-        sql: also offer the read-only ``sql`` tool.
-        reward: weights and penalties of `CrmGrader`.
-        limits, schema_style, ...: see `rldojo.envs.multiturn.ToolEnv`.
-    """
+    w_state: float = 0.7
+    """Weight of the end state: the share of the expected changes made."""
+    w_message: float = 0.3
+    """Weight of the facts the final answer states (counted once the state is right)."""
+    collateral_penalty: float = 0.25
+    """Subtracted per change nobody asked for (up to `collateral_cap` of them)."""
+    collateral_cap: int = 4
+    """Most collateral changes penalised in one episode."""
+    false_claim_penalty: float = 0.5
+    """Subtracted when the final answer claims work that the end state shows undone."""
+    format_penalty: float = 0.2
+    """Subtracted when the episode ends without an ``<answer>``."""
+    error_penalty: float = 0.05
+    """Subtracted per protocol error, e.g. a malformed tool call (up to `error_cap`)."""
+    error_cap: int = 5
+    """Most protocol errors penalised in one episode."""
+    turn_credit: float = 0.0
+    """Weight of the per-turn tool-choice credit against the expert's choice, put on each
+    turn's tokens (`rldojo.envs.crm.credit`); 0: the outcome alone."""
+
+
+class CrmKwargs(ToolEnvKwargs):
+    """The kwargs of crm-v1 (`[env] kwargs`); the tool-use ones are `ToolEnvKwargs`'."""
+
+    levels: Sequence[int] = (1, 2, 3, 4)
+    """Difficulty levels to draw tasks from, a non-empty subset of 1 (lookup), 2 (one
+    update), 3 (several steps), 4 (conditional updates)."""
+    db_size: Literal["small", "default", "large"] = "default"
+    """Accounts per database: 20, 60 or 400 (contacts, deals, tickets scale with it)."""
+    n_databases: int = Field(4, gt=0)
+    """Distinct start databases per split; task i uses database i % n_databases (fewer
+    databases, more reuse of cached snapshots)."""
+    sql: bool = True
+    """Also offer the read-only ``sql`` tool."""
+    reward: CrmRewardKwargs | None = None
+    """Weights and penalties of the reward (a table); None: the defaults."""
+    limits: LimitsKwargs | None = None
+    """Per-episode limits (a table); None: max_turns = 10 and the other defaults."""
+
+
+class CrmEnv(ToolEnv):
+    """crm-v1 (see the package docstring of `rldojo.envs.crm`); its arguments: `CrmKwargs`."""
 
     env_id = ENV_ID
     instructions = INSTRUCTIONS
+    Kwargs = CrmKwargs
 
     def __init__(
         self,

@@ -1,8 +1,12 @@
 """What graders built from one spec share (`LoadContext`), and the grader-type registry.
 
-`GRADER_TYPES` maps a spec's ``type`` to its builder; `LoadContext.build` dispatches on it,
-`register_grader_type` adds to it and `rldojo.graders.specs.loading` fills in the built-in
-types. `make_backend` turns a judge table into a judge backend (tables: see `loading`).
+`GRADERS` (an `rldojo.plugins.Registry`) maps a spec's ``type`` to what builds it;
+`LoadContext.build` dispatches on it. Built-in types and those added in process with
+`register_grader_type` are builders, ``builder(spec, context, path) -> Grader``. A type
+from an installed package (entry-point group ``rldojo.graders``) or named by path
+(``type = "pkg.mod:make_grader"``) is a factory: it is called with the table's other
+keys as keyword arguments and returns an object with ``async grade(rollout, task) ->
+Score``. `make_backend` turns a judge table into a judge backend (tables: see `loading`).
 """
 
 from __future__ import annotations
@@ -24,18 +28,57 @@ from rldojo.graders.judges.client import (
 )
 from rldojo.graders.specs.common import GraderSpecError, check_keys, require
 from rldojo.graders.specs.embedding import make_embedder
+from rldojo.plugins import Registry
+from rldojo.types import Rollout, Score, Task
 
-__all__ = ["GRADER_TYPES", "Builder", "LoadContext", "make_backend", "register_grader_type"]
+__all__ = ["GRADERS", "Builder", "LoadContext", "make_backend", "register_grader_type"]
 
 
 Builder = Callable[[Mapping[str, Any], "LoadContext", str], Grader]
-GRADER_TYPES: dict[str, Builder] = {}
-"""Grader type name -> builder(spec, context, field path). See `register_grader_type`."""
+
+
+def _builtin_types() -> None:
+    from rldojo.graders.specs import openai_text, rldojo_types
+
+    for name, builder in (*openai_text.BUILDERS.items(), *rldojo_types.BUILDERS.items()):
+        if name not in GRADERS.plugins:  # one registered in process first stays
+            GRADERS.register(name, builder)
+
+
+GRADERS = Registry("grader type", "rldojo.graders", setup=_builtin_types, error=GraderSpecError)
+"""Grader types: the built-in builders, those registered here, installed factories."""
 
 
 def register_grader_type(name: str, builder: Builder) -> None:
     """Make `{"type": name, ...}` specs build with `builder(spec, context, path)`."""
-    GRADER_TYPES[name] = builder
+    GRADERS.register(name, builder, overwrite=True)
+
+
+class _NamedGrader:
+    """A plugin's grader without a `name`: named after its type."""
+
+    def __init__(self, inner: Any, name: str) -> None:
+        self.inner, self.name = inner, name
+
+    async def grade(self, rollout: Rollout, task: Task) -> Score:
+        score: Score = await self.inner.grade(rollout, task)
+        return score
+
+
+def _from_factory(kind: str, factory: Any, spec: Mapping[str, Any], path: str) -> Grader:
+    """The grader an installed or path factory returns for the table's other keys."""
+    kwargs = {k: v for k, v in spec.items() if k != "type"}
+    try:
+        grader = factory(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise GraderSpecError(f"{path}: {kind}: {' '.join(str(exc).split())}") from None
+    if not callable(getattr(grader, "grade", None)):
+        raise GraderSpecError(
+            f"{path}.type: {kind} returned {type(grader).__name__}, which has no grade()"
+        )
+    if not isinstance(getattr(grader, "name", None), str):
+        grader = _NamedGrader(grader, kind)
+    return grader  # type: ignore[no-any-return]
 
 
 _JUDGE_KEYS = (
@@ -83,11 +126,15 @@ class LoadContext:
         if not isinstance(spec, Mapping):
             raise GraderSpecError(f"{path}: expected a grader table, got {type(spec).__name__}")
         kind = require(spec, "type", str, path)
-        if kind not in GRADER_TYPES:
-            raise GraderSpecError(
-                f"{path}.type: unknown grader type {kind!r} (known: {', '.join(GRADER_TYPES)})"
-            )
-        return GRADER_TYPES[kind](spec, self, path)
+        try:
+            plugin = GRADERS.get(kind)
+            target = GRADERS.loaded(plugin)
+        except GraderSpecError as exc:
+            raise GraderSpecError(f"{path}.type: {exc}") from None
+        if plugin.origin.kind in ("entry point", "path"):
+            return _from_factory(kind, target, spec, path)
+        built: Grader = target(spec, self, path)
+        return built
 
     def judge_client(self, own: Any, default_model: str | None, path: str) -> JudgeClient:
         """The shared client for a grader's judge (its own `judge` table, else the wrapper's)."""

@@ -3,12 +3,17 @@
     grader = load("grader.json")                       # a file: .json or .toml
     grader = load({"type": "string_check", ...})      # an inline table / dict
     grader = load('{"type": "multi", ...}')            # JSON text
+    grader = load("my_pkg.graders:make_grader")        # a plugin: {"type": "my_pkg..."}
 
 A spec is one grader table with a `type`:
 
     OpenAI (reinforcement fine-tuning grader JSON, unchanged): string_check,
     text_similarity, score_model, label_model, python, multi
     rldojo: rubric, group_judge, span_penalty, exact_match, math_verify
+    plugins: a type from an installed package (entry-point group ``rldojo.graders``) or
+             ``"package.module:factory"``, called with the table's other keys
+             (`rldojo.graders.specs.context`); a spec that is only such a name is
+             ``{"type": name}``
 
 or a wrapper ``{"grader": {...}, "judge": {...}, "embedding": {...}, "cache": ...}`` that
 adds what an OpenAI spec cannot say: which endpoint answers for `model`, which embedding
@@ -31,6 +36,7 @@ the shared judges, cache and their counters, closed by ``await grader.close()``.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,13 +45,12 @@ from typing import Any
 from rldojo.graders.base import Grader
 from rldojo.graders.judges.cache import JudgeCache
 from rldojo.graders.judges.client import JudgeBackend, JudgeStats
-from rldojo.graders.specs import openai_text, rldojo_types
 from rldojo.graders.specs.common import GraderSpecError, check_keys
-from rldojo.graders.specs.context import GRADER_TYPES, LoadContext, register_grader_type
+from rldojo.graders.specs.context import GRADERS, LoadContext, register_grader_type
 from rldojo.types import Rollout, Score, Task
 
 __all__ = [
-    "GRADER_TYPES",
+    "GRADERS",
     "GraderSpecError",
     "LoadContext",
     "SpecGrader",
@@ -95,8 +100,13 @@ class SpecGrader:
         await self.context.aclose()
 
 
+_PLUGIN_NAME = re.compile(r"^[A-Za-z_][\w.-]*(:[A-Za-z_][\w.]*)?$")
+"""A grader type's name or a ``package.module:factory`` path (never a file path)."""
+
+
 def read_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
-    """A spec as a dict, from a dict, a .json/.toml file or JSON text."""
+    """A spec as a dict, from a dict, a .json/.toml file, JSON text, or the name of a
+    grader type (``"package.module:factory"`` or an installed one)."""
     if isinstance(spec, Mapping):
         return dict(spec)
     text = str(spec).strip()
@@ -110,7 +120,12 @@ def read_spec(spec: str | Path | Mapping[str, Any]) -> dict[str, Any]:
         return value
     path = Path(text)
     if not path.is_file():
-        raise GraderSpecError(f"{path}: grader spec file not found")
+        plugin = not isinstance(spec, Path) and _PLUGIN_NAME.match(text)
+        if plugin and (":" in text or text in GRADERS):
+            return {"type": text}
+        raise GraderSpecError(
+            f"{path}: grader spec file not found (nor a grader type; see `rldojo plugins`)"
+        )
     try:
         data = (
             tomllib.loads(path.read_text())
@@ -136,7 +151,6 @@ def load(
 
     Keyword arguments are defaults that the spec's wrapper keys override.
     """
-    _register_builtin_types()
     data = read_spec(spec)
     if "type" not in data and "grader" in data:
         check_keys(data, ("grader", "judge", "embedding", "cache", "pass_threshold"), "spec")
@@ -157,8 +171,3 @@ def load(
         threshold = getattr(grader, "pass_threshold", None)
     threshold = float(threshold) if threshold is not None else 1.0
     return SpecGrader(grader, context, threshold, spec=inner)
-
-
-def _register_builtin_types() -> None:
-    for name, builder in (*openai_text.BUILDERS.items(), *rldojo_types.BUILDERS.items()):
-        GRADER_TYPES.setdefault(name, builder)
