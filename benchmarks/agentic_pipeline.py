@@ -1,14 +1,13 @@
 """Agentic RL that learns: base -> SFT on expert demonstrations -> SFT + RL, measured.
 
 For each environment (`arith-tools-v1`, `crm-v1`, `tictactoe-v1`) this runs the
-two-stage recipe of `examples/agentic_*.toml` with the commands a user types:
+two-stage recipe of `examples/agentic_*.toml` as `rldojo pipeline` does
+(`rldojo.train.pipeline.run_pipeline`, in OUT/ENV; a pipeline already there resumes):
 
-    rldojo demos ENV --n N --out OUT/ENV/demos.jsonl --env-kwargs '<[env] kwargs>'
-    rldojo sft examples/agentic_X.toml --data OUT/ENV/demos.jsonl    (evaluates base, SFT)
-    rldojo train examples/agentic_X.toml --set model.name=<SFT checkpoint> \
-        --set eval.before=false                                           (SFT+RL)
+    demos (the env's expert) -> SFT (evaluates base, SFT) -> RL from the SFT checkpoint
+    (`eval.before=false`: SFT's "after" is its "before")
 
-and reads the per-task held-out outcomes the runs write (`RUN/evals/*.jsonl`, greedy, the
+and pairs the per-task held-out outcomes the runs write (`RUN/evals/*.jsonl`, greedy, the
 same test tasks in every stage) to report per stage the success rate with its Wilson 95%
 interval, and the paired comparisons base -> SFT and SFT -> SFT+RL on the same tasks
 (exact McNemar; paired bootstrap of the difference), and per stage passed/total by kind of
@@ -31,13 +30,8 @@ paired with SFT.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,103 +53,8 @@ CONFIGS = {
     "crm-v1": ROOT / "examples" / "agentic_crm.toml",
     "tictactoe-v1": ROOT / "examples" / "agentic_tictactoe.toml",
 }
-
-
-def _rldojo(args: list[str], log: Path) -> float:
-    """Run one rldojo command (output appended to `log`); its wall time in seconds."""
-    started = time.perf_counter()
-    with log.open("a") as f:
-        f.write(f"\n$ rldojo {' '.join(args)}\n")
-        f.flush()
-        proc = subprocess.run(
-            [sys.executable, "-m", "rldojo.cli", *args],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            check=False,
-        )
-    if proc.returncode != 0:
-        raise SystemExit(f"rldojo {args[0]} failed (exit {proc.returncode}); see {log}")
-    return time.perf_counter() - started
-
-
-def _outcomes(run_dir: Path, label: str) -> dict[str, bool] | None:
-    """Per-task held-out outcomes of one evaluation (None: the run did not make it, e.g.
-    `--set sft.eval_before=false`, when the base model's accuracy is known already)."""
-    path = run_dir / "evals" / f"{label}.jsonl"
-    if not path.exists():
-        return None
-    rows = [json.loads(x) for x in path.read_text().splitlines()]
-    return {r["task_id"]: bool(r["passed"]) for r in rows}
-
-
-def _rate(outcomes: dict[str, bool] | None) -> dict[str, Any] | None:
-    if outcomes is None:
-        return None
-    from rldojo.eval.harness import wilson_interval
-
-    k, n = sum(outcomes.values()), len(outcomes)
-    lo, hi = wilson_interval(k, n)
-    return {"passed": k, "n": n, "rate": k / max(n, 1), "ci95": [lo, hi]}
-
-
 # The task `info` key whose values split each environment's held-out tasks into kinds.
 GROUP_BY = {"arith-tools-v1": "level", "crm-v1": "template", "tictactoe-v1": "mark"}
-
-
-def _by_kind(
-    config: Path, overrides: list[str], key: str, stages: dict[str, dict[str, bool] | None]
-) -> dict[str, Any]:
-    """Passed/total per value of the test tasks' `info[key]`, per stage: where a stage's
-    gain (or loss) lies, e.g. which crm templates RL moved. The tasks are the ones the
-    runs evaluated (the same config, overrides and seed)."""
-    from rldojo.config import load_config
-    from rldojo.train.preflight import build_mixture
-
-    tasks = build_mixture(load_config(config, overrides)).test_tasks
-    kind = {t.id: str(t.info.get(key)) for t in tasks}
-    out: dict[str, Any] = {"key": key}
-    for stage, outcomes in stages.items():
-        if outcomes is None:
-            continue
-        counts: dict[str, list[int]] = {}
-        for task_id, passed in outcomes.items():
-            c = counts.setdefault(kind.get(task_id, "?"), [0, 0])
-            c[0], c[1] = c[0] + passed, c[1] + 1
-        out[stage] = {k: f"{v[0]}/{v[1]}" for k, v in sorted(counts.items())}
-    return out
-
-
-def _paired(a: dict[str, bool] | None, b: dict[str, bool] | None) -> dict[str, Any] | None:
-    if a is None or b is None:
-        return None
-    from rldojo.eval.stats import mcnemar, paired_bootstrap
-
-    common = sorted(set(a) & set(b))
-    xa, xb = [a[t] for t in common], [b[t] for t in common]
-    m = mcnemar(xa, xb)
-    boot = paired_bootstrap([float(x) for x in xa], [float(x) for x in xb], seed=0)
-    return {
-        "n": len(common),
-        "diff": boot.diff,
-        "diff_ci95": list(boot.ci),
-        "bootstrap_p": boot.p_value,
-        "mcnemar": {"a_only": m.a_only, "b_only": m.b_only, "p_value": m.p_value},
-    }
-
-
-def _demos_and_sft(
-    env_id: str, demos: int, set_args: list[str], work: Path, log: Path
-) -> tuple[float, float, Path]:
-    """`rldojo demos` then `rldojo sft`: their wall times and the SFT run's directory."""
-    config = CONFIGS[env_id]
-    data = tomllib.loads(config.read_text())
-    demo_file = work / "demos.jsonl"
-    kwargs = json.dumps(data["env"].get("kwargs", {}))
-    demo_args = ["--n", str(demos), "--out", str(demo_file), "--env-kwargs", kwargs]
-    t_demos = _rldojo(["demos", env_id, *demo_args, "--keep", "all"], log)
-    t_sft = _rldojo(["sft", str(config), "--data", str(demo_file), *set_args], log)
-    return t_demos, t_sft, work / f"{data['run']['name']}-sft"
 
 
 def run_pipeline(
@@ -166,97 +65,27 @@ def run_pipeline(
     rl_overrides: Sequence[str] = (),
     sft_run: Path | None = None,
 ) -> dict[str, Any]:
-    """One environment's pipeline. `rl_overrides` apply to the RL stage alone (e.g.
-    LoRA there after a full SFT). `sft_run`: start RL from that earlier SFT run of this
-    pipeline instead of running demos and SFT again; its SFT wall time is the one it
-    recorded, and the demos' (seconds) is not counted."""
+    """One environment's pipeline in OUT/ENV (`rldojo.train.pipeline.run_pipeline`; its
+    output in OUT/ENV.log.txt; a pipeline already there resumes): the summary, with the
+    environment and the machine. `rl_overrides` apply to the RL stage alone (e.g. LoRA
+    there after a full SFT). `sft_run`: start RL from that earlier SFT run instead of
+    running demos and SFT again; its SFT wall time is the one it recorded, and the
+    demos' (seconds) is not counted."""
+    from rich.console import Console
+
+    from rldojo.train.pipeline import run_pipeline as pipeline
+
     config = CONFIGS[env_id]
-    name = tomllib.loads(config.read_text())["run"]["name"]
-    work = out / env_id
-    work.mkdir(parents=True, exist_ok=True)
-    log = work / "log.txt"
-    sets = [f"run.output_dir={work}", *overrides]
-    set_args = [a for s in sets for a in ("--set", s)]
-    started, load_start = time.perf_counter(), load_average()
-    if sft_run is None:
-        t_demos, t_sft, sft_dir = _demos_and_sft(env_id, demos, set_args, work, log)
-    else:
-        sft_dir, t_demos = sft_run, None
-        t_sft = json.loads((sft_dir / "summary.json").read_text())["wall_s"]
-    sft = json.loads((sft_dir / "summary.json").read_text())
-    lines = [json.loads(x) for x in Path(sft["data"]).read_text().splitlines()]
-    # The SFT run evaluated its checkpoint ("after"); RL starts from it without again.
-    rl_sets = [*set_args, "--set", f"model.name={sft['checkpoint']}", "--set", "eval.before=false"]
-    rl_sets += [a for s in rl_overrides for a in ("--set", s)]
-    t_rl = _rldojo(["train", str(config), *rl_sets], log)
-    rl_dir = work / name
-    rl = json.loads((rl_dir / "summary.json").read_text())
-    base, after_sft = _outcomes(sft_dir, "before"), _outcomes(sft_dir, "after")
-    after_rl = _outcomes(rl_dir, "after")
-    periodic = sorted(  # eval.every: step_4, step_8, ... (by step)
-        (f.stem for f in (rl_dir / "evals").glob("step_*.jsonl")), key=lambda x: int(x[5:])
-    )
-    return {
-        "env": env_id,
-        "config": str(config.relative_to(ROOT)),
-        "overrides": overrides,
-        "rl_overrides": list(rl_overrides),
-        "sft_reused": None if sft_run is None else str(sft_run),
-        "demos": {
-            "episodes": len(lines),
-            "passed": sum(bool(x["passed"]) for x in lines),
-            "trained_on": sft["demonstrations"],
-            "left_out": sft["left_out"],
-        },
-        "sft": {
-            "steps": sft["steps"],
-            "loss_first": sft["loss_first"],
-            "loss_last": sft["loss_last"],
-            "assistant_tokens": sft["assistant_tokens"],
-            "turn_budget": sft["turn_budget"],
-        },
-        "rl": {
-            "steps": rl["steps"],
-            "mean_step_s": rl["mean_step_s"],
-            "stopped": rl.get("stopped"),  # "max_minutes": run.max_minutes ended it
-            "rollouts": rl["rollouts"],
-            "statuses": rl["statuses"],
-        },
-        "success": {
-            "base": _rate(base),
-            "sft": _rate(after_sft),
-            "sft_rl": _rate(after_rl),
-        },
-        "paired": {
-            "base_to_sft": _paired(base, after_sft),
-            "sft_to_sft_rl": _paired(after_sft, after_rl),
-        },
-        "by_kind": _by_kind(
-            config,
-            overrides,
-            GROUP_BY[env_id],
-            {"base": base, "sft": after_sft, "sft_rl": after_rl},
-        ),
-        "during_rl": {
-            label: {"rate": _rate(o), "vs_sft": _paired(after_sft, o)}
-            for label in periodic
-            if (o := _outcomes(rl_dir, label)) is not None
-        },
-        "wall_s": {
-            "demos": t_demos,
-            "sft": t_sft,
-            "rl": t_rl,
-            "total": time.perf_counter() - started + (0.0 if sft_run is None else t_sft),
-        },
-        "machine": {
-            "cpu_flags": cpu_flags(),
-            "cores": os.cpu_count(),
-            "gpu": gpu_name(),
-            "load_start": load_start,
-            "load_end": load_average(),
-        },
-        "runs": {"sft": str(sft_dir), "rl": str(rl_dir)},
-    }
+    out.mkdir(parents=True, exist_ok=True)
+    load_start = load_average()
+    with (out / f"{env_id}.log.txt").open("a") as log:
+        summary = pipeline(config, overrides, out / env_id, demos=demos, rl_overrides=rl_overrides,
+                           sft_run=sft_run, group_by=GROUP_BY[env_id],
+                           console=Console(file=log, width=120))  # fmt: skip
+    machine = {"cpu_flags": cpu_flags(), "cores": os.cpu_count(), "gpu": gpu_name(),
+               "load_start": load_start, "load_end": load_average()}  # fmt: skip
+    return {"env": env_id, **summary, "config": str(config.relative_to(ROOT)),
+            "machine": machine}  # fmt: skip
 
 
 def main() -> None:

@@ -2,10 +2,10 @@
 
 Each `benchmarks/agentic_pipeline.py` results file holds its SFT and SFT+RL pass counts
 and the paired McNemar cells (SFT-only, RL-only passes), which fix its whole 2x2 table of
-per-game outcomes; the pooled comparison is the same paired statistics
-(`agentic_pipeline._rate`, `_paired`: Wilson intervals, exact McNemar, paired bootstrap)
-over all the tables' games together. The seeds' runs have their own test games, so the
-pooled games are independent.
+per-game outcomes; the pooled comparison is the same paired statistics (Wilson
+intervals, exact McNemar, paired bootstrap) over all the tables' games together
+(`rldojo.eval.compare.summary_pairs`, `pool_pairs`). The seeds' runs have their own test
+games, so the pooled games are independent.
 
 Usage: python benchmarks/agentic_pool.py RESULTS.json [RESULTS.json ...]
            (--label NAME | --out POOLED.json) [--results DIR] [--dry]
@@ -21,37 +21,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-import agentic_pipeline as ap  # benchmarks/ is on sys.path
-from results_io import RESULTS, add_result_args, write_result
+from results_io import RESULTS, add_result_args, write_result  # benchmarks/ is on sys.path
+
+from rldojo.eval.compare import pool_pairs, summary_pairs
 
 # Small committed inputs for the dry mode: reading them is all it does with them.
 DRY_INPUTS = [RESULTS / f"agentic_tictactoe_lora_top10_seed{i}.json" for i in range(3)]
 
 
-def table(result: dict[str, Any]) -> list[tuple[bool, bool]]:
-    """The (SFT passed, SFT+RL passed) pair of every test game of one run, in cell order."""
-    s, m = result["success"], result["paired"]["sft_to_sft_rl"]["mcnemar"]
-    n, sft, rl = s["sft"]["n"], s["sft"]["passed"], s["sft_rl"]["passed"]
-    both = sft - m["a_only"]
-    if both < 0 or both + m["b_only"] != rl or both + m["a_only"] + m["b_only"] > n:
-        raise ValueError("pass counts and McNemar cells disagree")
-    cells = [(True, True)] * both + [(True, False)] * m["a_only"] + [(False, True)] * m["b_only"]
-    return cells + [(False, False)] * (n - len(cells))
-
-
 def pool(paths: list[Path]) -> dict[str, Any]:
-    sft: dict[str, bool] = {}
-    rl: dict[str, bool] = {}
-    runs = []
-    for path in paths:
-        result = json.loads(path.read_text())
-        for i, (a, b) in enumerate(table(result)):
-            sft[f"{path.name}:{i}"], rl[f"{path.name}:{i}"] = a, b
-        runs.append({"file": path.name, "overrides": result["overrides"],
-                     "cpu_flags": result["machine"]["cpu_flags"],
-                     "git": result.get("manifest", {}).get("git")})  # fmt: skip
-    return {"runs": runs, "sft": ap._rate(sft), "sft_rl": ap._rate(rl),
-            "sft_to_sft_rl": ap._paired(sft, rl)}  # fmt: skip
+    """The runs pooled, and which runs they were."""
+    results = {path.name: json.loads(path.read_text()) for path in paths}
+    runs = [{"file": name, "overrides": r["overrides"], "cpu_flags": r["machine"]["cpu_flags"],
+             "git": r.get("manifest", {}).get("git")} for name, r in results.items()]  # fmt: skip
+    return {"runs": runs, **pool_pairs({k: summary_pairs(r) for k, r in results.items()})}
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ README and docs cite them; this index says, per file, what can still be known ab
   or `commands`) or else its name (`agentic_*_pooled` -> agentic_pool.py, `agentic_*` ->
   agentic_pipeline.py, `<script>[_-]*` -> <script>.py); `script_exists`; `producer`
   says "rldojo CLI" for files assembled from the commands they list;
-- `keys_not_written`: top-level keys the script's source never names (no version of it
-  in git history: `git log -S`), so someone added them by hand; `keys_of_older_script`:
+- `keys_not_written`: top-level keys the script's source (with the library modules it
+  writes through, `WRITES_THROUGH`) never names (no version of it in git history:
+  `git log -S`), so someone added them by hand; `keys_of_older_script`:
   keys an earlier version of the script wrote and today's does not; `hand_edited`: true
   when there are keys no version wrote, or no script at all.
 
@@ -43,6 +44,14 @@ INDEX = RESULTS / "LEGACY.json"
 # Where results are cited; a flat file none of these names can be retired.
 CITING = ("README.md", "docs/**/*.md", "benchmarks/README.md")
 SCRIPT_WORDS = re.compile(r"[\w./-]+\.py\b")
+# The library modules a script writes its results through: their strings are keys it writes.
+WRITES_THROUGH = {
+    "benchmarks/agentic_pipeline.py": (
+        "src/rldojo/train/pipeline.py",
+        "src/rldojo/eval/compare.py",
+    ),
+    "benchmarks/agentic_pool.py": ("src/rldojo/eval/compare.py",),
+}
 
 
 def git(*args: str, root: Path = REPO) -> str:
@@ -134,7 +143,8 @@ def entry(path: Path, root: Path = REPO) -> dict[str, Any]:
         "has_manifest": "manifest" in doc,
     }  # fmt: skip
     if exists:
-        known = source_strings(root / script)
+        through = [root / m for m in WRITES_THROUGH.get(script, ()) if (root / m).is_file()]
+        known = source_strings(root / script).union(*map(source_strings, through))
         extra = [k for k in doc if k not in known]
         older = [k for k in extra if _ever_named(script, k, root)]
         row["keys_not_written"] = [k for k in extra if k not in older]

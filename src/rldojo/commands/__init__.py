@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "rldojo.commands.service",
     "rldojo.commands.sft",
     "rldojo.commands.demos",
+    "rldojo.commands.pipeline",
     "rldojo.commands.config_doc",
     "rldojo.commands.plugins",
 )
