@@ -18,6 +18,8 @@ from service.helpers import (
     worker_pids,
 )
 
+pytestmark = pytest.mark.slow  # a service subprocess training tiny-random
+
 
 def test_supervised_job_trains_reports_each_step_and_its_model_serves(service, tmp_path):
     client = service.client()
@@ -132,9 +134,9 @@ def test_supervised_hyperparameters_are_checked_and_auto_resolved(service, tmp_p
     assert client.fine_tuning.jobs.cancel(legacy.id).status == "cancelled"
 
 
-def test_a_paused_supervised_job_restarts_from_its_first_step(service, tmp_path):
-    """SFT checkpoints at its end only: resume trains again from step 1, and each step is
-    still reported once (events and results file)."""
+def test_a_paused_supervised_job_resumes_from_its_pause_checkpoint(service, tmp_path):
+    """A pause checkpoints the step in flight (the run loop's interrupt); resume goes on
+    from it, and each step is still reported once (events and results file)."""
     client = service.client()
     file = upload(client, tmp_path, SFT_ROWS, "chat.jsonl")
     job = create_sft_job(client, file.id, {"n_epochs": 30, "batch_size": 1})  # 120 steps
@@ -145,13 +147,16 @@ def test_a_paused_supervised_job_restarts_from_its_first_step(service, tmp_path)
     )
     assert client.fine_tuning.jobs.pause(job.id).status == "paused"
     assert not worker_pids(service.proc.pid)
+    paused = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert len(paused) == 1 and 1 <= paused[0] < 120  # the step the pause stopped after
     assert client.fine_tuning.jobs.resume(job.id).status == "queued"
     done = wait_status(client, job.id, "succeeded", "failed", timeout_s=300)
     assert done.status == "succeeded", done.error
     events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
     events += client.fine_tuning.jobs.list_events(job.id, limit=100, after=events[-1].id).data
-    assert any("restarted from its first step" in e.message for e in events)
+    assert any(e.message == "Fine-tuning job resumed" for e in events)
     steps = [e.data["step"] for e in events if "train_loss" in e.data]
     assert sorted(steps) == list(range(1, 121))
-    assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data] == [120]
+    checkpoints = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data]
+    assert sorted(checkpoints) == sorted([paused[0], 120])
     assert [r[0] for r in results(client, done)[1:]] == [str(s) for s in range(1, 121)]

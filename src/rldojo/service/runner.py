@@ -11,10 +11,9 @@ A run directory that already holds `config.toml` is resumed from its newest chec
 rollouts are not redone.
 
 `run_sft_job(config_toml, run_dir, name, validation)`: a supervised job,
-`rldojo.train.sft.run_sft` on `sft.data`. SFT checkpoints only at its end, so an
-interrupted supervised job starts over: what an earlier attempt wrote (metrics,
-checkpoints, summary) is removed first (`clear_sft_run`; the scheduler calls it before
-the worker starts, so it never reads the old metrics as the new ones). With a
+`rldojo.train.sft.run_sft` on `sft.data`, in the same run loop: a run directory that
+already holds `config.toml` is resumed from its newest checkpoint (a pause saves one), so
+a paused or re-queued supervised job goes on from where it stopped. With a
 validation file (`(path, name)`), the trained model's loss on it is written to
 `RUN/validation.json` (`rldojo.service.sft_data.validation_loss`).
 """
@@ -23,13 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "clear_sft_run",
     "config_of",
     "run_job",
     "run_sft_job",
@@ -102,17 +99,10 @@ def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) ->
     }
 
 
-def clear_sft_run(run: Path) -> None:
-    """Remove what an earlier attempt of a supervised job wrote (it starts over)."""
-    for old in ("config.toml", "config_history.jsonl", "metrics.jsonl", "summary.json", VALIDATION):
-        (run / old).unlink(missing_ok=True)
-    shutil.rmtree(run / "checkpoints", ignore_errors=True)
-
-
 def run_sft_job(
     config_toml: str, run_dir: str, name: str | None, validation: tuple[str, str | None] | None
 ) -> dict[str, Any]:
-    """Train the supervised job from the start (module docstring); returns its summary."""
+    """Train the supervised job, or resume it (module docstring); returns its summary."""
     from rich.console import Console
 
     from rldojo.data.loading import DataError
@@ -121,13 +111,13 @@ def run_sft_job(
 
     run = Path(run_dir)
     config = config_of(config_toml)
-    clear_sft_run(run)  # the scheduler did already; a direct call starts clean too
+    resume = (run / "config.toml").exists()
     run.mkdir(parents=True, exist_ok=True)
     stored = str(config.sft.data)
     with (run / "train.log").open("a") as log:
         console = Console(file=log, width=120, force_terminal=False)
         try:
-            summary = run_sft(config, stored, run_dir=run, console=console)
+            summary = run_sft(config, stored, run_dir=run, resume=resume, console=console)
         except DataError as exc:  # name the uploaded file, not where it is stored
             raise renamed(exc, stored, name or stored) from None
     out = {

@@ -28,9 +28,8 @@ the worker alone: the run saves a checkpoint of the step it finished and raises
 `RunInterrupted`, whose line becomes an event; `stop` waits for the worker to be gone
 (`pause_timeout_s`, then it kills it), so a resumed job continues from the paused step.
 At start-up, jobs the previous service left `running` are queued again; their run
-directories resume from the newest checkpoint (`rldojo train --resume`), so a `kill -9`
-of the service costs at most the steps since it; a supervised job, which checkpoints
-only at its end, starts over.
+directories resume from the newest checkpoint (`rldojo train --resume`, `rldojo sft
+--resume`), so a `kill -9` of the service costs at most the steps since it.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ from rldojo.service.judge import checked_spec, judge_table
 from rldojo.service.outcomes import JobOutcomes
 from rldojo.service.preflight import signal_check, signal_event
 from rldojo.service.rft_env import read_rft_rows
-from rldojo.service.runner import clear_sft_run, run_job, run_sft_job
+from rldojo.service.runner import run_job, run_sft_job
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.sft_data import read_sft_rows
 from rldojo.service.state import ServiceState
@@ -259,13 +258,6 @@ class Scheduler:
             if fn is run_job and self.settings.signal_prompts > 0:
                 s = self.settings
                 check = (args[0], args[2], s.signal_prompts, s.signal_samples, s.signal_max_tokens)
-        elif job["method"]["type"] == "supervised":
-            clear_sft_run(run_dir)  # before the watcher reads the run directory again
-            old = [c["step"] for c in self.state.checkpoints(job_id)]  # e.g. saved at a pause
-            if old:
-                self.state.delete_checkpoints(job_id, old)
-            started = "Fine-tuning job restarted from its first step (supervised jobs save "
-            started += "their checkpoint at the end)"
         else:
             started = "Fine-tuning job resumed"
         self.watcher.reset(job_id)
