@@ -13,8 +13,8 @@ finished rollout of this environment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from rldojo.types import Observation, Rollout, StepResult, Task
 
@@ -49,6 +49,12 @@ class Env(Protocol):
         ...
 
 
+EnvFactory: TypeAlias = Callable[[Task], Env] | Callable[[], Env]
+"""Makes a fresh environment for each episode: from its task (a mixture routes by
+`task.env`) or from nothing (one environment, e.g. `lambda: MathEnv()`). The rollout
+engine, the held-out evaluation and `LocalGeneration` take one."""
+
+
 class EpisodeDone(RuntimeError):
     """`step` was called after the episode finished."""
 
@@ -69,7 +75,7 @@ class SingleTurnEnv:
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
         raise NotImplementedError
 
-    def default_grader(self) -> Any:
+    def default_grader(self) -> Grader:
         raise NotImplementedError
 
     def prompt_messages(self, task: Task) -> list[dict[str, str]]:

@@ -31,6 +31,7 @@ from gymnasium import spaces
 
 from rldojo.envs.base import Env, EpisodeDone
 from rldojo.envs.registry import list_envs, make_env
+from rldojo.graders.base import Grader
 from rldojo.types import Message, Rollout, Task
 
 __all__ = ["CHARSET", "TextEnv", "register_gymnasium", "render_messages", "to_gymnasium"]
@@ -80,7 +81,7 @@ class TextEnv(gymnasium.Env[str, str]):
         self.observation_space = spaces.Text(MAX_OBSERVATION_CHARS, min_length=0, charset=CHARSET)
         self.action_space = spaces.Text(MAX_ACTION_CHARS, min_length=0, charset=CHARSET)
         self._loop = asyncio.new_event_loop()
-        self._grader: Any = None
+        self._grader: Grader | None = None
         self._task: Task | None = None
         self._messages: list[Message] = []
         self._info: dict[str, Any] = {}

@@ -43,6 +43,7 @@ from typing import Any, Literal, Self
 from rldojo.envs.base import EpisodeDone
 from rldojo.envs.tool_calls import ERROR_KINDS, PROTOCOL_ERRORS, parse_turn
 from rldojo.envs.tools import Tool, ToolBox, tools_prompt
+from rldojo.graders.base import Grader
 from rldojo.types import Message, Observation, StepResult, Task
 
 __all__ = [
@@ -146,7 +147,7 @@ class MultiTurnEnv:
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
         raise NotImplementedError
 
-    def default_grader(self) -> Any:
+    def default_grader(self) -> Grader:
         raise NotImplementedError
 
     async def setup(self, task: Task, seed: int) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rldojo.envs.base import Env
+from rldojo.envs.base import Env, EnvFactory
 from rldojo.eval.stats import (
     bootstrap_ci,
     majority_correct,
@@ -70,7 +70,7 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 async def evaluate(
-    make_env: Callable[[Task], Env] | Callable[[], Env],
+    make_env: EnvFactory,
     grader: Grader,
     policy: Policy,
     tasks: Sequence[Task],

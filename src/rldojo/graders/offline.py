@@ -102,7 +102,7 @@ def row_task_rollout(row: GradeRow, index: int = 0) -> tuple[Task, Rollout]:
     return task, rollout
 
 
-def check_row_templates(grader: Any, rows: Sequence[GradeRow], where: str) -> None:
+def check_row_templates(grader: Grader, rows: Sequence[GradeRow], where: str) -> None:
     """`TemplateError` if a template of the grader's spec resolves in none of `rows`
     (`rldojo.graders.template_check`); graders without a spec are not checked."""
     from rldojo.graders.openai_templates import item_view, sample_view

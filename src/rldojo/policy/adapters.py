@@ -59,7 +59,10 @@ class TextPolicy:
         self.version = 0
         self._complete = complete
 
-    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        # `tools` is accepted for the `Policy` contract; a text function sees none of them.
         ids = [tok for m in messages for tok in _encode_message(m["role"], m["content"])]
         return ids + _encode_message("assistant", None)
 
@@ -73,7 +76,7 @@ class TextPolicy:
             out.append(Completion(text, ids, (0.0,) * len(ids), "stop"))
         return out
 
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
+    def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:
         raise NotImplementedError("a TextPolicy has no weights to update")
 
 

@@ -9,13 +9,14 @@ Backends: `transformers` (CPU/GPU, in process), vLLM and OpenAI-compatible HTTP 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from rldojo.types import Completion, Message, SamplingParams
 
 
-@runtime_checkable
 class Policy(Protocol):
+    """A generation backend: chat encoding, batched sampling, weight updates."""
+
     version: int
     tokenizer: Any
 
@@ -32,8 +33,9 @@ class Policy(Protocol):
         """One completion per prompt (repeat a prompt G times for a group)."""
         ...
 
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
-        """Load trained weights; increments `version`."""
+    def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:
+        """Load trained weights: `state_dict`, or by default the trained model the backend
+        was built on (the trainer's own sampler); increments `version`."""
         ...
 
 

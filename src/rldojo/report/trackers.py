@@ -261,7 +261,7 @@ class TrackioSink:
             # trackio.finish() joins the writer thread (all logs are in the db) and clears
             # the current run, which trackio would otherwise finish again at exit.
             if trackio.context_vars.current_run.get() is self.run:
-                trackio.finish()
+                trackio.finish()  # type: ignore[no-untyped-call, unused-ignore]
             else:
                 self.run.finish()
             self.run = None

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
-from rldojo.envs.base import Env
+from rldojo.envs.base import Env, EnvFactory
 from rldojo.graders.base import Grader
 from rldojo.policy.base import Policy
 from rldojo.types import Completion, Message, Rollout, SamplingParams, Score, Task
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,18 +52,15 @@ class _Episode:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-async def _with_timeout(coro: Any, timeout_s: float, what: str, env: Any = None) -> Any:
+async def _with_timeout(
+    coro: Awaitable[T], timeout_s: float, what: str, env: Env | None = None
+) -> T:
     if getattr(env, "enforces_timeouts", False):  # e.g. a RemoteEnv: bounded calls already
         return await coro
     try:
         return await asyncio.wait_for(coro, timeout_s)
     except TimeoutError:
         raise TimeoutError(f"{what} took longer than {timeout_s:.0f}s") from None
-
-
-EnvFactory = Callable[[Task], Env] | Callable[[], Env]
-"""Makes a fresh environment for an episode: from the task (mixtures route by `task.env`)
-or from nothing (a single environment)."""
 
 
 def _per_task(make_env: EnvFactory) -> Callable[[Task], Env]:

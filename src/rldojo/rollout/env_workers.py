@@ -45,6 +45,7 @@ from typing import Any
 import cloudpickle
 
 from rldojo.envs.registry import resolve_factory
+from rldojo.graders.base import Grader
 from rldojo.rollout import env_worker
 from rldojo.rollout.env_worker import env_default_grader, spec_grader
 from rldojo.types import Observation, StepResult, Task
@@ -199,7 +200,7 @@ class RemoteEnv:
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Any:
         raise NotImplementedError("a RemoteEnv runs episodes; ask the local env for tasks")
 
-    def default_grader(self) -> Any:
+    def default_grader(self) -> Grader:
         raise NotImplementedError("a RemoteEnv runs episodes; ask the local env for its grader")
 
     async def _open_and_reset(self, worker: WorkerProcess) -> Observation:

@@ -15,10 +15,11 @@ task sampler (the curriculum learns here, whatever the source).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence, Sized
+from typing import Protocol
 
 from rldojo.config import RolloutConfig
+from rldojo.envs.base import EnvFactory
 from rldojo.graders.base import Grader
 from rldojo.policy.base import Policy
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
@@ -27,13 +28,15 @@ from rldojo.rollout.tasks import TaskSampler
 from rldojo.store.ledger import Ledger
 from rldojo.types import Rollout, SamplingParams, Score, Task
 
-__all__ = ["Generation", "LocalGeneration", "RayGeneration", "Rounds"]
+__all__ = ["ActorPool", "Generation", "LocalGeneration", "RayGeneration", "Rounds"]
 
 Request = tuple[Task, int, int]
 Announce = Callable[[str], None]
 
 
 class Generation(Protocol):
+    """Turns requests into graded rollouts: `LocalGeneration`, `RayGeneration`, or yours."""
+
     async def run(
         self,
         requests: list[Request],
@@ -58,7 +61,7 @@ class LocalGeneration:
     """The policy, environments and grader of this process (`rldojo.rollout.engine`)."""
 
     def __init__(
-        self, make_env: Callable[[Task], Any], policy: Policy, grader: Grader, cfg: RolloutConfig
+        self, make_env: EnvFactory, policy: Policy, grader: Grader, cfg: RolloutConfig
     ) -> None:
         self.make_env, self.policy, self.grader, self.cfg = make_env, policy, grader, cfg
 
@@ -94,10 +97,22 @@ class LocalGeneration:
         return rollouts, scores
 
 
+class ActorPool(Protocol):
+    """What `RayGeneration` needs of `rldojo.cluster.ray_pool.RayRolloutPool` (a layer
+    above this one): its actors, and graded rollouts for requests spread over them."""
+
+    @property
+    def actors(self) -> Sized: ...
+
+    def run(
+        self, requests: Sequence[Request], sampling: SamplingParams, group_size: int
+    ) -> tuple[list[Rollout], list[Score]]: ...
+
+
 class RayGeneration:
     """Generation, environments and grading on Ray actors (`rldojo.cluster.ray_pool`)."""
 
-    def __init__(self, pool: Any, group_size: int, version: Callable[[], int]) -> None:
+    def __init__(self, pool: ActorPool, group_size: int, version: Callable[[], int]) -> None:
         self.pool, self.group_size, self._version = pool, group_size, version
 
     def version(self) -> int:

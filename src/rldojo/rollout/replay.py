@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rldojo.envs.base import EpisodeDone
+from rldojo.graders.base import Grader
 from rldojo.policy.base import chat_template_ids
 from rldojo.rollout.engine import collect_rollouts
 from rldojo.types import Completion, Message, Observation, Rollout, SamplingParams, StepResult, Task
@@ -77,7 +78,7 @@ class ScriptedPolicy:
         ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self._eos]
         return [Completion(text, tuple(ids), (0.0,) * len(ids), "stop")]
 
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
+    def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:
         self.version += 1
 
 
@@ -103,7 +104,7 @@ class ReplayEnv:
     async def reset(self, task: Task, *, seed: int) -> Observation:
         self._turn = 0
         info = {"tools": self.tools} if self.tools else {}
-        return Observation(messages=[dict(m) for m in self.opening], info=info)  # type: ignore[misc]
+        return Observation(messages=[dict(m) for m in self.opening], info=info)
 
     async def step(self, action: str) -> StepResult:
         if self._turn >= len(self.replies):
@@ -111,12 +112,12 @@ class ReplayEnv:
         reply = self.replies[self._turn]
         self._turn += 1
         done = self._turn == len(self.replies)
-        return StepResult(messages=[] if done else [dict(m) for m in reply], done=done)  # type: ignore[misc]
+        return StepResult(messages=[] if done else [dict(m) for m in reply], done=done)
 
     async def close(self) -> None:
         return None
 
-    def default_grader(self) -> Any:
+    def default_grader(self) -> Grader:
         raise NotImplementedError("a replayed conversation is not graded")
 
 

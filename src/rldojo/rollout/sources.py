@@ -38,6 +38,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,6 +59,8 @@ rounds are 0, 1, ... within a step)."""
 
 
 class RolloutSource(Protocol):
+    """Where the trainer gets each step's graded groups: `SyncSource`, `AsyncSource`."""
+
     def collect(self, step: int, version: int) -> Collected:
         """Groups for optimizer step `step`; `version` is the trainer's weight version."""
         ...
@@ -144,7 +147,7 @@ class AsyncSource:
         *,
         seed: int,
         next_batch: int = 0,
-        step: Any = None,
+        step: Callable[[], int] | None = None,
     ) -> None:
         if cfg.max_policy_lag < 1:
             raise ValueError("AsyncSource needs max_policy_lag >= 1 (0 is synchronous)")
@@ -277,7 +280,7 @@ def make_source(
     *,
     seed: int,
     next_batch: int,
-    step: Any,
+    step: Callable[[], int],
 ) -> RolloutSource:
     """`AsyncSource` when `cfg.max_policy_lag >= 1`, else `SyncSource`."""
     if cfg.max_policy_lag >= 1:

@@ -70,7 +70,7 @@ class _StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
-class _ChatIn(BaseModel):
+class ChatIn(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
     messages: list[_MessageIn] = Field(min_length=1)
@@ -103,7 +103,7 @@ def _role(role: str) -> str:
     return "system" if role == "developer" else role
 
 
-def _chat_request(body: _ChatIn) -> ChatRequest:
+def chat_request(body: ChatIn) -> ChatRequest:
     stop = body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else [])
     return ChatRequest(
         messages=[{"role": _role(m.role), "content": m.text()} for m in body.messages],
@@ -119,7 +119,7 @@ def _chat_request(body: _ChatIn) -> ChatRequest:
     )
 
 
-def _invalid_combination(body: _ChatIn) -> JSONResponse | None:
+def invalid_combination(body: ChatIn) -> JSONResponse | None:
     """Fields that are valid alone but not together (OpenAI and vLLM reject these too)."""
     if body.top_logprobs is not None and not body.logprobs:
         message = "top_logprobs requires logprobs to be true"
@@ -136,7 +136,7 @@ def _encode_vector(vector: list[float], fmt: str) -> Any:
     return vector
 
 
-def _chat_response(model: str, result: ChatResult) -> dict[str, Any]:
+def chat_response(model: str, result: ChatResult) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -155,7 +155,7 @@ def _chat_response(model: str, result: ChatResult) -> dict[str, Any]:
     }
 
 
-def _stream_response(model: str, result: ChatResult, body: _ChatIn) -> StreamingResponse:
+def stream_response(model: str, result: ChatResult, body: ChatIn) -> StreamingResponse:
     events = sse_events(
         result,
         completion_id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -214,16 +214,16 @@ def build_app(engine: ChatEngine) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: _ChatIn) -> dict[str, Any] | JSONResponse | StreamingResponse:
-        if (wrong := _check_model(body.model) or _invalid_combination(body)) is not None:
+    async def chat(body: ChatIn) -> dict[str, Any] | JSONResponse | StreamingResponse:
+        if (wrong := _check_model(body.model) or invalid_combination(body)) is not None:
             return wrong
         try:
-            result = await engine.chat(_chat_request(body))
+            result = await engine.chat(chat_request(body))
         except Exception as exc:  # the engine failed: a 500 the client may retry
             return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
         if body.stream:
-            return _stream_response(engine.model, result, body)
-        return _chat_response(engine.model, result)
+            return stream_response(engine.model, result, body)
+        return chat_response(engine.model, result)
 
     @app.post("/v1/embeddings", response_model=None)
     async def embeddings(body: _EmbedIn) -> dict[str, Any] | JSONResponse:

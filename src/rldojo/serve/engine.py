@@ -187,6 +187,15 @@ class TransformersEngine:
         choices = await asyncio.wrap_future(job.future)
         return ChatResult(choices=choices, prompt_tokens=len(prompt))
 
+    def complete_ids(
+        self, prompt: list[int], n: int, sampling: SamplingParams, *, timeout_s: float = 600
+    ) -> list[Any]:
+        """`n` completions of raw prompt token ids (no chat template), batched with the
+        other requests on the engine's worker thread; blocks until they are done."""
+        job = _Job("chat", concurrent.futures.Future(), list(prompt), n, sampling)
+        self._submit(job)
+        return list(job.future.result(timeout=timeout_s))
+
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         import asyncio
 

@@ -24,21 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from rldojo.serve.app import (
-    _chat_request,
-    _chat_response,
-    _ChatIn,
-    _invalid_combination,
-    _stream_response,
+    ChatIn,
+    chat_request,
+    chat_response,
+    invalid_combination,
+    stream_response,
 )
 from rldojo.serve.engine import TransformersEngine
 from rldojo.service.errors import ApiError, not_found
@@ -47,7 +46,10 @@ from rldojo.service.preflight import run_signal, signal_request
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
 from rldojo.store.checkpoint import latest_checkpoint
-from rldojo.types import SamplingParams
+from rldojo.types import SamplingParams, Score
+
+if TYPE_CHECKING:
+    from rldojo.graders.specs.loading import SpecGrader
 
 __all__ = ["EngineCache", "models_router"]
 
@@ -97,8 +99,6 @@ def _model_json(name: str, created: int, owner: str) -> dict[str, Any]:
 
 def _complete(engine: TransformersEngine, prompt: str, body: _CompletionIn) -> list[Any]:
     """Raw-prompt generation on the engine's worker thread (its batching and lock)."""
-    from rldojo.serve.engine import _Job
-
     stop = body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else [])
     ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"] or [
         engine.tokenizer.eos_token_id
@@ -110,12 +110,10 @@ def _complete(engine: TransformersEngine, prompt: str, body: _CompletionIn) -> l
         stop=tuple(s for s in stop if s),
         seed=body.seed,
     )
-    job = _Job("chat", concurrent.futures.Future(), list(ids), body.n, sampling)
-    engine._submit(job)
-    return [(len(ids), c) for c in job.future.result(timeout=600)]
+    return [(len(ids), c) for c in engine.complete_ids(list(ids), body.n, sampling)]
 
 
-def _grade_json(grader: Any, score: Any, wall_s: float) -> dict[str, Any]:
+def _grade_json(grader: SpecGrader, score: Score, wall_s: float) -> dict[str, Any]:
     failed = score.status != "ok"
     detail = score.explanation if failed else None
     python = getattr(grader.grader, "type", "") == "python"
@@ -154,7 +152,7 @@ def _grade_json(grader: Any, score: Any, wall_s: float) -> dict[str, Any]:
     }
 
 
-async def _grade(grader: Any, body: _GraderIn) -> tuple[Any, Any, float]:
+async def _grade(grader: SpecGrader, body: _GraderIn) -> tuple[SpecGrader, Score, float]:
     """(grader, score, seconds) of `body.model_sample` graded against `body.item`."""
     from rldojo.graders.offline import GradeRow, row_task_rollout
 
@@ -214,14 +212,14 @@ def models_router(
         return _model_json(name, created, "rldojo" if name in settings.base_models else "user")
 
     @r.post("/chat/completions", response_model=None)
-    async def chat(body: _ChatIn, who: str = Depends(owner)) -> Any:
+    async def chat(body: ChatIn, who: str = Depends(owner)) -> Any:
         engine = await asyncio.to_thread(engines.get, _source(who, body.model))
-        if (wrong := _invalid_combination(body)) is not None:
+        if (wrong := invalid_combination(body)) is not None:
             return wrong
-        result = await engine.chat(_chat_request(body))
+        result = await engine.chat(chat_request(body))
         if body.stream:
-            return _stream_response(body.model, result, body)
-        return _chat_response(body.model, result)
+            return stream_response(body.model, result, body)
+        return chat_response(body.model, result)
 
     @r.post("/completions")
     async def completions(body: _CompletionIn, who: str = Depends(owner)) -> dict[str, Any]:

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rldojo.graders.specs.common import GraderSpecError
 from rldojo.service.errors import ApiError
 from rldojo.service.settings import ServiceSettings
+
+if TYPE_CHECKING:
+    from rldojo.graders.specs.loading import SpecGrader
 
 __all__ = [
     "JUDGED_TYPES",
@@ -98,7 +101,7 @@ def checked_spec(spec: Any, settings: ServiceSettings, param: str) -> dict[str, 
     return dict(spec)
 
 
-def load_grader(spec: Any, settings: ServiceSettings, param: str) -> Any:
+def load_grader(spec: Any, settings: ServiceSettings, param: str) -> SpecGrader:
     """The checked spec loaded (`rldojo.graders.load`, the service's judge, no cache);
     ApiError(400) naming `param` for any mistake. Close it with ``await g.close()``."""
     from rldojo.graders.specs.loading import load

@@ -22,10 +22,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rldojo.service.errors import ApiError
 from rldojo.service.settings import ServiceSettings
+
+if TYPE_CHECKING:  # loaded in the functions: the service starts without them
+    from rldojo.envs.base import Env
+    from rldojo.graders.base import Grader
+    from rldojo.graders.specs.loading import SpecGrader
+    from rldojo.types import Score
 
 __all__ = ["FIXED_SAMPLE", "grader_preflight", "preflight_scores", "run_signal", "sample_signal",
            "signal_check", "signal_event", "signal_request"]  # fmt: skip
@@ -44,13 +50,13 @@ def _sample_of(row: Mapping[str, Any]) -> str:
 
 
 async def preflight_scores(
-    grader: Any, items: list[tuple[int, Mapping[str, Any], str]]
-) -> list[Any]:
+    grader: Grader, items: list[tuple[int, Mapping[str, Any], str]]
+) -> list[Score]:
     """Scores of `(line, row, sample text)` graded by a loaded grader, in order."""
     from rldojo.service.rft_env import row_task
     from rldojo.types import Rollout, Score
 
-    async def one(line: int, row: Mapping[str, Any], text: str) -> Any:
+    async def one(line: int, row: Mapping[str, Any], text: str) -> Score:
         task = row_task(line, row, "train", "preflight")
         rollout = Rollout(
             task_id=task.id,
@@ -98,7 +104,7 @@ def grader_preflight(spec: Any, path: str, name: str, settings: ServiceSettings)
         return
     grader = load_grader(spec, settings, param)
 
-    async def run() -> list[Any]:
+    async def run() -> list[Score]:
         try:
             return await preflight_scores(grader, [(ln, r, _sample_of(r)) for ln, r in rows])
         finally:
@@ -136,8 +142,8 @@ def signal_check(
 
 def sample_signal(
     model: str,
-    env: Any,
-    grader: Any,
+    env: Env,
+    grader: SpecGrader,
     *,
     prompts: int,
     samples: int,
@@ -164,7 +170,7 @@ def sample_signal(
     episodes = [(t, i, seed + i) for t in tasks for i in range(samples)]
     threshold = float(grader.pass_threshold)
 
-    async def run() -> list[Any]:
+    async def run() -> list[Score]:
         try:
             rollouts = await collect_rollouts(SingleTurnEnv, policy, episodes, params)
             return await grade_rollouts(grader, rollouts, [t for t, _, _ in episodes])
@@ -221,7 +227,7 @@ def run_signal(source: str, row: Mapping[str, Any], sizes: Mapping[str, int], sp
     return {**result, "message": message, "level": level}
 
 
-def _counts(scores: list[Any], samples: int, threshold: float, wall_s: float) -> dict[str, Any]:
+def _counts(scores: list[Score], samples: int, threshold: float, wall_s: float) -> dict[str, Any]:
     ok = [s.value if s.status == "ok" and s.value is not None else None for s in scores]
     groups = [ok[i : i + samples] for i in range(0, len(ok), samples)]
     varied = sum(1 for g in groups if len({v for v in g if v is not None}) > 1)

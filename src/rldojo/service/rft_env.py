@@ -21,6 +21,7 @@ from typing import Any
 
 from rldojo.data.loading import DataError, read_rows
 from rldojo.envs.base import SingleTurnEnv
+from rldojo.graders.base import Grader
 from rldojo.graders.openai_templates import TemplateError, lookup
 from rldojo.graders.template_check import spec_templates
 from rldojo.types import Task
@@ -138,5 +139,5 @@ class RftEnv(SingleTurnEnv):
         random.Random(seed).shuffle(tasks)
         return tasks if n is None else tasks[:n]
 
-    def default_grader(self) -> Any:
+    def default_grader(self) -> Grader:
         raise TemplateError(f"{ENV_ID}: a job's grader comes from its spec (grader.spec)")

@@ -30,12 +30,17 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rldojo.config import TrainConfig
 from rldojo.types import Rollout, SamplingParams
+
+if TYPE_CHECKING:  # imported where used: `rldojo estimate` starts without them
+    from rldojo.policy.base import Policy
+    from rldojo.policy.transformers_backend import TransformersPolicy
+    from rldojo.rollout.mixture import EnvMixture
 
 __all__ = ["Calibration", "StepCost", "calibrate"]
 
@@ -71,7 +76,7 @@ class Calibration:
         )
 
 
-def _prompts(config: TrainConfig, mixture: Any, policy: Any) -> list[list[int]]:
+def _prompts(config: TrainConfig, mixture: EnvMixture, policy: Policy) -> list[list[int]]:
     """Prompt ids of the first environment's first tasks, each repeated `group_size` times."""
     ro = config.rollout
     slot = next(s for s in mixture.slots.values() if s.train_tasks)
@@ -84,7 +89,7 @@ def _prompts(config: TrainConfig, mixture: Any, policy: Any) -> list[list[int]]:
     return out
 
 
-def _time_generation(policy: Any, prompts: list[list[int]]) -> tuple[float, float]:
+def _time_generation(policy: TransformersPolicy, prompts: list[list[int]]) -> tuple[float, float]:
     """(seconds to prefill and sample one token, seconds of each further token) of
     `prompts` decoded together."""
     policy.eos_ids = set()  # every row decodes every token: what is timed is fixed
@@ -142,7 +147,7 @@ def _time_update(
 
 
 def calibrate(
-    config: TrainConfig, mixture: Any, model: Any, tokenizer: Any, generation_dtype: Any
+    config: TrainConfig, mixture: EnvMixture, model: Any, tokenizer: Any, generation_dtype: Any
 ) -> Calibration | None:
     """Time generation and one training micro-batch of this run here (module docstring);
     None where the native sampler is not the run's (vLLM), so the probe estimate stays."""

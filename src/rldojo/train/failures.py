@@ -28,9 +28,9 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rldojo.envs.base import SingleTurnEnv
+from rldojo.graders.base import Grader
 from rldojo.rollout.engine import grade_rollouts
 from rldojo.rollout.mixture import EnvMixture
 from rldojo.train.stops import FailureBudgetExceeded
@@ -113,7 +113,7 @@ class FailureBudget:
 
 def reference_preflight(
     envs: EnvMixture,
-    grader: Any,
+    grader: Grader,
     loop: asyncio.AbstractEventLoop,
     *,
     timeout_s: float,

@@ -1,7 +1,6 @@
-"""Held-out evaluation of a run: the greedy evaluation, what is kept of it, how it is
-reported (console line, `metrics.jsonl` record, `RUN/evals/LABEL.jsonl` per task).
-
-Shared by `rldojo train` (`Trainer.evaluate`, `train.loop`) and `rldojo sft`.
+"""Held-out evaluation of a run: the greedy evaluation, what is kept of it (the run
+state's record, `RUN/evals/LABEL.jsonl` per task). Shared by the objectives of the run
+loop (`rldojo.train.loop`); what is reported of it goes to the callbacks.
 """
 
 from __future__ import annotations
@@ -12,20 +11,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from rldojo.config import TrainConfig
+from rldojo.envs.base import EnvFactory
 from rldojo.eval.harness import EvalResult, evaluate
-from rldojo.report.metrics import MetricsLogger
+from rldojo.graders.base import Grader
+from rldojo.policy.base import Policy
 from rldojo.store.files import write_atomically
 from rldojo.types import SamplingParams, Task
 
 
 def heldout_eval(
     config: TrainConfig,
-    make_env: Any,
-    grader: Any,
-    policy: Any,
+    make_env: EnvFactory,
+    grader: Grader,
+    policy: Policy,
     tasks: Sequence[Task],
     threshold: float,
     loop: asyncio.AbstractEventLoop,
@@ -57,27 +56,9 @@ def eval_record(result: EvalResult) -> dict[str, Any]:
             "mean_reward": result.mean_reward, "statuses": result.statuses}  # fmt: skip
 
 
-def save_eval_rows(run_dir: Path, label: str, result: Any) -> None:
+def save_eval_rows(run_dir: Path, label: str, result: EvalResult) -> None:
     """RUN/evals/LABEL.jsonl: one line per held-out task (see the module docstring)."""
     keys = ("task_id", "passed", "value", "status")
     lines = "".join(json.dumps({k: row.get(k) for k in keys}) + "\n" for row in result.rows)
     (run_dir / "evals").mkdir(parents=True, exist_ok=True)
     write_atomically(run_dir / "evals" / f"{label}.jsonl", lines)
-
-
-def log_eval(
-    console: Console, logger: MetricsLogger, run_dir: Path, label: str, step: int, result: Any
-) -> None:
-    """Report an evaluation: the console line, its metrics record, its per-task rows."""
-    _report_eval(console, label, result)
-    logger.log(step, result.metrics(), kind="eval")
-    save_eval_rows(run_dir, label, result)
-
-
-def _report_eval(console: Console, label: str, result: Any) -> None:
-    lo, hi = result.ci95
-    console.print(
-        f"held-out accuracy ({label}): [bold]{result.accuracy:.1%}[/] "
-        f"({result.n} tasks, greedy; 95% CI {lo:.1%}-{hi:.1%}); statuses {result.statuses}",
-        soft_wrap=True,
-    )

@@ -159,9 +159,10 @@ async def length_bias(
     }
 
 
-async def position_bias(grader: Any, rows: Sequence[GradeRow]) -> dict[str, Any] | None:
+async def position_bias(grader: Grader, rows: Sequence[GradeRow]) -> dict[str, Any] | None:
     """Forward vs reversed presentation of each group (group judges only; else None)."""
-    if not getattr(grader, "supports_groups", hasattr(grader, "grade_group")):
+    grade_group = getattr(grader, "grade_group", None)
+    if grade_group is None or not getattr(grader, "supports_groups", True):
         return None
     groups: dict[str, list[int]] = defaultdict(list)
     pairs = [row_task_rollout(r, i) for i, r in enumerate(rows)]
@@ -174,8 +175,8 @@ async def position_bias(grader: Any, rows: Sequence[GradeRow]) -> dict[str, Any]
         rollouts = [pairs[i][1] for i in idx]
         forward = list(range(len(idx)))
         a, b = await asyncio.gather(
-            grader.grade_group(rollouts, task, order=forward),
-            grader.grade_group(rollouts, task, order=forward[::-1]),
+            grade_group(rollouts, task, order=forward),
+            grade_group(rollouts, task, order=forward[::-1]),
         )
         ok = [i for i in forward if a[i].ok and b[i].ok]
         diffs += [abs(float(a[i].value) - float(b[i].value)) for i in ok]
@@ -194,7 +195,7 @@ async def position_bias(grader: Any, rows: Sequence[GradeRow]) -> dict[str, Any]
 
 
 async def evaluate_judge(
-    grader: Any,
+    grader: Grader,
     rows: Sequence[GradeRow],
     human: Sequence[str],
     *,

@@ -61,11 +61,13 @@ __all__ = [
 _SEVERITY: dict[ScoreStatus, int] = {"ok": 0, "invalid": 1, "timeout": 2, "error": 3}
 
 
-def _provenance(grader: Any) -> dict[str, Any]:
+def _provenance(grader: StringCheckGrader | TextSimilarityGrader | MultiGrader) -> dict[str, Any]:
     return {"grader": grader.name, "type": grader.type, "version": "openai-spec/1"}
 
 
-def _render_pair(grader: Any, rollout: Rollout, task: Task) -> tuple[str, str]:
+def _render_pair(
+    grader: StringCheckGrader | TextSimilarityGrader, rollout: Rollout, task: Task
+) -> tuple[str, str]:
     sample, item = sample_view(rollout), item_view(task)
     text = render(grader.input, sample, item, field=f"{grader.path}.input")
     reference = render(grader.reference, sample, item, field=f"{grader.path}.reference")
