@@ -135,8 +135,13 @@ class _Target:
     is_runs: bool = False  # the run's own environment: its tasks, grader and threshold
 
 
-def _target(env: Any, env_kwargs: Mapping[str, Any] | None, tasks: Any, grader: Grader | None,
-            reward: RewardFunction | None, run: TrainConfig | None) -> _Target:  # fmt: skip
+EnvSpec = str | Env | Callable[[], Env] | None
+"""What `evaluate` takes as `env`: an id or `module:factory`, an instance, a factory."""
+
+
+def _target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None, tasks: Any,
+            grader: Grader | None, reward: RewardFunction | None,
+            run: TrainConfig | None) -> _Target:  # fmt: skip
     if grader is not None and reward is not None:
         raise ValueError("evaluate: pass grader= or reward=, not both")
     replacing = FunctionGrader(reward) if reward is not None else grader
@@ -161,7 +166,7 @@ def _unused(prompt: Any, completion: str) -> float:
     raise RuntimeError("evaluate: rows are graded by grader= or reward=")
 
 
-def _env_target(env: Any, env_kwargs: Mapping[str, Any] | None,
+def _env_target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None,
                 run: TrainConfig | None) -> _Target:  # fmt: skip
     from rldojo.envs.registry import make_env
 

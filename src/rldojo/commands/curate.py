@@ -14,20 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from rldojo.envs.base import Env
 
 
 def register(app: typer.Typer) -> None:
     app.command("curate")(curate)
 
 
-def _env_factory(env: str, kwargs: dict[str, Any], data: Path | None) -> Any:
+def _env_factory(env: str, kwargs: dict[str, Any], data: Path | None) -> Callable[[str], Env]:
     from rldojo.envs.registry import make_env
 
-    def env_for(env_id: str) -> Any:
+    def env_for(env_id: str) -> Env:
         extra = dict(kwargs) if env_id == env else {}
         if env_id == "math-v1" and data is not None and not {"path", "hf_dataset"} & set(extra):
             extra["path"] = str(data)  # math-v1 needs a file: the one being curated
@@ -36,7 +40,7 @@ def _env_factory(env: str, kwargs: dict[str, Any], data: Path | None) -> Any:
     return env_for
 
 
-def _tasks(o: dict[str, Any], env_for: Any) -> list[Any]:
+def _tasks(o: dict[str, Any], env_for: Callable[[str], Env]) -> list[Any]:
     from rldojo.eval.curate import load_tasks
 
     if o["data"] is not None:

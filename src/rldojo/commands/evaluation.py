@@ -20,7 +20,7 @@ import asyncio
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -32,6 +32,9 @@ from rldojo.commands.eval_report import (
     task_rows,
 )
 from rldojo.types import SamplingParams, Task
+
+if TYPE_CHECKING:
+    from rldojo.policy.base import Policy
 
 
 def set_threads(threads: int | None) -> None:
@@ -47,7 +50,7 @@ def register(app: typer.Typer) -> None:
     app.command("eval")(eval_)
 
 
-def _policy(spec: str, api_key: str | None) -> Any:
+def _policy(spec: str, api_key: str | None) -> Policy:
     """A local model (`TransformersPolicy`) or an endpoint (`OpenAIPolicy`) from a spec."""
     if spec.startswith(("http://", "https://")):
         import os
@@ -81,7 +84,7 @@ class _Runner:
         self.sampling, self.episode = sampling, {"max_turns": max_turns}
         self.loop = asyncio.new_event_loop()
 
-    def run(self, policy: Any, tasks: list[Task], samples: int, seed: int) -> Any:
+    def run(self, policy: Policy, tasks: list[Task], samples: int, seed: int) -> Any:
         from rldojo.eval.harness import evaluate_samples
 
         return self.loop.run_until_complete(
@@ -105,7 +108,7 @@ def _ks(samples: int, ks: list[int] | None) -> list[int]:
     return sorted({*powers, samples})
 
 
-def _robustness(runner: _Runner, policy: Any, tasks: list[Task], base: Any, args: Any) -> Any:
+def _robustness(runner: _Runner, policy: Policy, tasks: list[Task], base: Any, args: Any) -> Any:
     from rldojo.envs.multiple_choice import item_from_task
     from rldojo.eval.perturb import robustness_report, select_suite
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from rldojo.config import TrainConfig, dump_config
+from rldojo.envs.base import Env
 from rldojo.eval.harness import EvalResult
 from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.models import check_model, load_model
@@ -287,7 +288,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ helpers
 
-    def make_env(self, task: Task) -> Any:
+    def make_env(self, task: Task) -> Env:
         if self.env_pool is not None:
             slot = self.envs.slot_for(task)
             return self.env_pool.make_env(slot.env_id, slot.kwargs)
@@ -379,8 +380,8 @@ class Trainer:
             if pool is not None:
                 pool.close()
         self.ledger.close()
-        if callable(getattr(self.policy, "close", None)):  # vLLM: its weights snapshot
-            self.policy.close()
+        if (close_policy := getattr(self.policy, "close", None)) is not None:
+            close_policy()  # vLLM: its weights snapshot
         close = getattr(self.grader, "close", None)
         if close is not None:
             result = close()
