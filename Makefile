@@ -9,7 +9,7 @@ PYTHON ?= python3
 # GPU users: install your own torch into the venv first and set TORCH_SPEC="torch".
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install quickstart test lint sandbox-deps bench test-vllm
+.PHONY: install quickstart test test-fast lint sandbox-deps bench test-vllm
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ lint: $(STAMP)
 test: $(STAMP) sandbox-deps lint
 	$(VENV)/bin/pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# The unit tests alone: no model, process, server or browser (what `slow` marks; see
+# tests/conftest.py), under a minute on 2 cores. No lint, no apt packages.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"

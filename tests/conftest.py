@@ -1,9 +1,47 @@
-"""Shared fixtures: the tiny random model (SmolLM2's tokenizer, 2 random layers)."""
+"""Shared fixtures: the tiny random model (SmolLM2's tokenizer, 2 random layers); and the
+guard of the fast tier.
+
+Two tiers: `make test` runs every test; `make test-fast` (`pytest -m "not slow"`) leaves
+out the tests marked `slow`: those that load a model or tokenizer, start a process,
+server or browser, or take over ~0.3 s. A file of such tests says so once
+(`pytestmark = pytest.mark.slow`); a mixed file marks its slow tests one by one. A test
+outside the slow tier that loads a model fails, saying to mark it.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from rldojo.policy import models
+
+_GUARD = pytest.StashKey[pytest.MonkeyPatch]()
+_UNMARKED = "not marked slow: add @pytest.mark.slow (`make test-fast` runs -m 'not slow')"
+
+
+def _refuse_to_load(name: str, *_args: object, **_kwargs: object) -> None:
+    raise RuntimeError(f"this test loads the model {name!r} but is {_UNMARKED}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Outside the slow tier, from fixture setup to teardown, `load_tokenizer` (the first
+    step of every `load_model`) raises; the session's `tiny` model is refused too, since
+    an earlier slow test may have loaded it already."""
+    if item.get_closest_marker("slow") is not None:
+        return
+    if "tiny" in getattr(item, "fixturenames", ()):
+        pytest.fail(f"this test uses the `tiny` model but is {_UNMARKED}", pytrace=False)
+    guard = pytest.MonkeyPatch()
+    guard.setattr(models, "load_tokenizer", _refuse_to_load)
+    item.stash[_GUARD] = guard
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    guard = item.stash.get(_GUARD, None)
+    if guard is not None:
+        guard.undo()
 
 
 @pytest.fixture(scope="session")

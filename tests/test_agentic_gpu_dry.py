@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the GPU check's dry mode, training tiny-random
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 VARIANTS = {"crm_scaled": "crm", "crm_success_kl": "crm", "ttt_scaled": "tictactoe"}

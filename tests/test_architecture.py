@@ -10,6 +10,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "rldojo"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
@@ -84,6 +86,7 @@ def test_every_package_has_a_layer():
             assert f"`{name}`" in DOC.read_text(), f"docs/architecture.md omits {name}"
 
 
+@pytest.mark.slow
 def test_imports_point_down_the_layers():
     upward = []
     for module, path in _files():
@@ -146,6 +149,7 @@ def test_seams_are_typed_by_their_protocols():
     assert loose == []
 
 
+@pytest.mark.slow
 def test_functions_stay_under_the_length_limit():
     long = {
         f"{module}:{fn.lineno} {fn.name}": n

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from rldojo.cli import app
@@ -34,6 +35,7 @@ def test_unknown_env_and_bad_data_are_one_line(tmp_path):
     assert "d.jsonl:2" in result.output and "answer" in result.output
 
 
+@pytest.mark.slow  # probes the sandbox: processes
 def test_envs_and_doctor():
     result = runner.invoke(app, ["envs"])
     assert result.exit_code == 0
@@ -43,6 +45,7 @@ def test_envs_and_doctor():
     assert "torch" in result.output and "sandbox" in result.output
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_train_and_eval_tiny(tmp_path):
     args = [
         "train", "--set", "model.name=tiny-random", "--set", "run.steps=1",
@@ -64,6 +67,7 @@ def test_train_and_eval_tiny(tmp_path):
     assert len(json.loads(out.read_text())["rows"]) == 3
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_a_run_with_multiline_strings_reruns_and_resumes_from_its_config(tmp_path):
     config = tmp_path / "multi.toml"
     config.write_text(

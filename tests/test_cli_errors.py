@@ -106,6 +106,7 @@ def test_model_name_typo_does_not_go_to_the_network(tmp_path, no_model_load, mon
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_missing_compare_checkpoint_fails_before_evaluating_the_first_model(
     tmp_path, no_model_load
 ):
@@ -130,6 +131,7 @@ def test_resume_of_a_directory_that_is_no_run_is_one_line(tmp_path):
     _one_line_error(result, "not a run directory")
 
 
+@pytest.mark.slow  # loads a model
 def test_config_without_model_or_run_says_which_defaults_apply(tmp_path):
     config = tmp_path / "c.toml"
     config.write_text('[env]\nid = "arith-v1"\n')
@@ -143,6 +145,7 @@ def test_config_without_model_or_run_says_which_defaults_apply(tmp_path):
     assert "note:" not in result.output
 
 
+@pytest.mark.slow  # loads a model
 def test_dry_run_prints_the_resolved_config_and_plan_and_writes_nothing(tmp_path):
     result = runner.invoke(
         app, ["train", "--dry-run", *TINY, "--set", f"run.output_dir={tmp_path / 'runs'}"]
@@ -192,6 +195,7 @@ def test_the_plan_prices_a_short_before_evaluation_by_its_tasks():
     assert plan.one_turn_total_s == 2 * 2.0 + (2 + 1 / 4) * 1.0  # the lower end
 
 
+@pytest.mark.slow  # loads a model
 def test_the_plan_prices_every_turn_of_a_multi_turn_environment():
     from rldojo.config import load_config
     from rldojo.policy.models import load_model
@@ -235,6 +239,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
         cli.main()
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_missing_config_in_a_fresh_process_is_one_line_on_stderr_exit_2(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "rldojo.cli", "train", "nonexistent.toml"],
@@ -290,6 +295,7 @@ def test_an_env_rejecting_its_kwargs_is_named_once(tmp_path, no_model_load):
     assert line.count("math-v1") == 1
 
 
+@pytest.mark.slow  # loads a model
 def test_lora_layers_the_model_lacks_name_the_config_file_and_key(tmp_path, monkeypatch):
     pytest.importorskip("peft")
     monkeypatch.chdir(REPO)  # the README's command line, relative path and all

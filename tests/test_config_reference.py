@@ -47,6 +47,7 @@ def test_every_table_has_a_section_in_config_order():
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_every_key_is_listed_with_its_docstring():
     page = markdown()
     for table in tables():

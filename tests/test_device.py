@@ -8,18 +8,18 @@ from __future__ import annotations
 import coin_env  # noqa: F401  (registers coin-v1)
 import pytest
 import torch
+from tiny_config import tiny_overrides
 
 from rldojo.config import ConfigError, load_config
 from rldojo.policy.device import autocast_device_type, model_device, resolve_device
 from rldojo.train.batch import build_token_batch
 from rldojo.types import Rollout
 
-TINY = [
-    "model.name=tiny-random", "env.id=coin-v1", "model.autocast_bf16=false",
-    "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.dynamic_sampling=false",
-    "sampling.max_new_tokens=6", "sampling.temperature=1.0", "optim.micro_batch_size=3",
-    "optim.lr=1e-3", "eval.tasks=0", "env.train_tasks=20", "run.report_to=[]",
-]  # fmt: skip
+TINY = tiny_overrides(
+    "env.id=coin-v1", "rollout.group_size=4", "sampling.max_new_tokens=6",
+    "sampling.temperature=1.0", "optim.micro_batch_size=3", "optim.lr=1e-3",
+    "env.train_tasks=20", "run.report_to=[]",
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------- resolution
@@ -110,6 +110,7 @@ def test_model_device():
     assert model_device(lambda **kw: None) == torch.device("cpu")  # a callable stand-in
 
 
+@pytest.mark.slow  # loads tiny-random
 @pytest.mark.parametrize("lora", [None, {"r": 2}])
 def test_training_model_and_reference_are_placed_on_the_device(lora):
     """`load_training_model` / `load_reference` put every weight on the run's device
@@ -128,6 +129,7 @@ def test_training_model_and_reference_are_placed_on_the_device(lora):
     assert model_device(model) == meta
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_trainer_places_everything_on_the_resolved_device(tmp_path):
     """Model, reference, optimizer state and the update's device agree (`cpu` here; the
     same code path puts them on `cuda:N`), and one step trains."""

@@ -65,6 +65,7 @@ def test_the_page_marks_its_files():
     ("factory", "config"),
     [("reverse_env:ReverseEnv", "reverse.toml"), ("locker_env:LockerEnv", "locker.toml")],
 )
+@pytest.mark.slow
 def test_doc_env_checks_and_trains(factory, config, doc_dir):
     check = runner.invoke(app, ["check-env", factory, "--show"])
     assert check.exit_code == 0, check.output

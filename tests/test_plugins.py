@@ -126,6 +126,7 @@ def dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     sys.modules.pop("rldojo_tp_plugin", None)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_rldojo_plugins_lists_installed_plugins_and_their_origin(dist: Path) -> None:
     marker = dist.parent / "imported"
     env = {**os.environ, "PYTHONPATH": str(dist), "RLDOJO_TP_MARKER": str(marker)}

@@ -111,12 +111,14 @@ def test_every_new_layout_result_has_a_complete_manifest():
     assert manifest_problems(ROOT) == []
 
 
+@pytest.mark.slow
 def test_every_legacy_file_is_indexed_and_the_index_is_current():
     if _shallow(ROOT):
         pytest.skip("a shallow clone: git log cannot name the commits that added the files")
     assert legacy_problems(ROOT) == []
 
 
+@pytest.mark.slow
 def test_every_legacy_file_has_its_script_or_is_marked_without_one():
     index = json.loads((ROOT / "benchmarks" / "results" / "LEGACY.json").read_text())["files"]
     assert {n for n, e in index.items() if not e["script_exists"]} == WITHOUT_SCRIPT

@@ -5,17 +5,16 @@ from __future__ import annotations
 import os
 
 import pytest
+from tiny_config import tiny_overrides
+
+pytestmark = pytest.mark.slow  # a local Ray instance, training tiny-random
 
 ray = pytest.importorskip("ray")
 
 from rldojo.config import load_config  # noqa: E402
 from rldojo.train.trainer import Trainer  # noqa: E402
 
-OVERRIDES = [
-    "model.name=tiny-random", "model.autocast_bf16=false", "model.generation_dtype=float32",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.dynamic_sampling=false",
-    "sampling.max_new_tokens=4", "eval.tasks=0", "run.cluster=ray", "rollout.workers=2",
-]  # fmt: skip
+OVERRIDES = tiny_overrides("model.generation_dtype=float32", "run.cluster=ray", "rollout.workers=2")
 
 
 def _kill_and_wait(actor) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from rldojo.cli import app
 from rldojo.envs.registry import make_env
 from rldojo.eval.curate import task_row
+
+pytestmark = pytest.mark.slow  # curates with tiny-random
 
 runner = CliRunner()
 

@@ -24,6 +24,7 @@ def _one_line_error(result, *needles: str) -> None:
     assert all(needle in lines[0] for needle in needles), lines[0]
 
 
+@pytest.mark.slow  # the sandbox
 def test_expert_demos_of_arith_tools_are_five_passing_lines(tmp_path):
     out = tmp_path / "demos.jsonl"
     result = runner.invoke(app, ["demos", "arith-tools-v1", "--n", "5", "--out", str(out)])
@@ -47,6 +48,7 @@ def test_keep_all_writes_the_lost_games_too(tmp_path):
     assert len(rows) == 20 and sum(r["passed"] for r in rows) == 19  # measured
 
 
+@pytest.mark.slow  # an HTTP server
 def test_teacher_demos_through_an_endpoint(tmp_path):
     kwargs = {"levels": [1], "python": "off"}
     tasks = make_env("arith-tools-v1", **kwargs).tasks("train", n=3)
@@ -104,6 +106,7 @@ def _prompts(out: Path) -> list[str]:
     return [json.loads(line)["messages"][1]["content"] for line in out.read_text().splitlines()]
 
 
+@pytest.mark.slow  # the sandbox
 def test_the_readme_command_line_plays_the_configs_env(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     out = tmp_path / "demos.jsonl"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
 from rldojo.cli import app
+
+pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
 
 runner = CliRunner()
 

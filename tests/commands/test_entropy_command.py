@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from rldojo.cli import app
@@ -13,6 +14,8 @@ from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts
 from rldojo.store.ledger import Ledger
 from rldojo.types import SamplingParams, Score
+
+pytestmark = pytest.mark.slow  # samples from tiny-random
 
 runner = CliRunner()
 PNG = b"\x89PNG"

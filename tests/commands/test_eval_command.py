@@ -10,9 +10,12 @@ from typing import ClassVar
 
 import pytest
 from chat_stub import ChatStub
+from tiny_config import tiny_overrides
 from typer.testing import CliRunner
 
 from rldojo.cli import app
+
+pytestmark = pytest.mark.slow  # trains and evaluates tiny-random; an HTTP stand-in
 
 runner = CliRunner()
 
@@ -118,12 +121,11 @@ def test_eval_max_turns_must_be_positive():
     assert result.exit_code != 0 and "--max-turns must be >= 1" in result.output
 
 
-TINY_RUN = [
-    "model.name=tiny-random", "model.autocast_bf16=false", "env.id=arith-v1",
-    "env.kwargs={levels=[2]}", "rollout.prompts_per_step=2", "rollout.group_size=2",
-    "sampling.max_new_tokens=4", "eval.tasks=0", "eval.max_new_tokens=3",
+TINY_RUN = tiny_overrides(
+    "env.id=arith-v1", "env.kwargs={levels=[2]}", "eval.max_new_tokens=3",
     "rollout.max_turns=2", "run.steps=2", "run.checkpoint_every=1",
-]  # fmt: skip
+    drop=["rollout.dynamic_sampling"],
+)  # fmt: skip
 
 
 def _train(tmp_path, *extra: str):

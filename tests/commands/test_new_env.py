@@ -49,6 +49,7 @@ def lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # trains tiny-random; runs pytest
 @pytest.mark.parametrize(
     ("name", "tools", "factory"),
     [("ndojo_plain", False, "NdojoPlainEnv"), ("ndojo_tools", True, "NdojoToolsEnv")],

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from rldojo.cli import app
 
+pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TINY = ["model.name=tiny-random", "eval.tasks=2", "sampling.max_new_tokens=8",
         "eval.max_new_tokens=8", "run.report_to=[]", "run.threads=1"]  # fmt: skip

@@ -4,7 +4,10 @@ bad input answered with a 4xx, never a 500 or a traceback."""
 
 from __future__ import annotations
 
+import pytest
 from dashboard.runs_fixture import KNOWN_SELECTED, KNOWN_TEXT
+
+pytestmark = pytest.mark.slow  # tiny-random's tokenizer reads the ledger
 
 
 def test_runs_table_rows(client):

@@ -17,9 +17,12 @@ import pytest
 from dashboard.runs_fixture import KNOWN_SELECTED, KNOWN_TEXT
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)"
-)
+pytestmark = [
+    pytest.mark.slow,  # a headless browser against a dashboard server
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="Debian's chromium is not installed (make test installs it)"
+    ),
+]
 REPO = Path(__file__).resolve().parents[2]
 SHOTS = Path(os.environ.get("RLDOJO_SCREENSHOTS", REPO / "build" / "dashboard-screenshots"))
 WAIT_MS = 30_000

@@ -132,6 +132,7 @@ def test_python_tool_is_gated(monkeypatch):
         ArithToolsEnv(python="off", calculator=False)
 
 
+@pytest.mark.slow  # the sandbox
 def test_python_tool_runs_in_the_sandbox():
     if not sandbox_status()[0]:
         pytest.skip(f"sandbox unavailable: {sandbox_status()[1]}")

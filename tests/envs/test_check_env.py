@@ -108,6 +108,7 @@ def builtin_kwargs(env_id: str, tmp_path) -> dict:
 
 
 @pytest.mark.parametrize("env_id", list_envs())
+@pytest.mark.slow
 def test_every_builtin_passes(env_id, tmp_path, fake_reasoning_gym):
     report = check_env(env_id, **builtin_kwargs(env_id, tmp_path))
     assert report.ok, str(report)
@@ -124,6 +125,7 @@ def test_every_builtin_passes(env_id, tmp_path, fake_reasoning_gym):
     ]
 
 
+@pytest.mark.slow
 def test_broken_env_fails_with_clear_messages(broken_module):
     report = check_env(broken_module)
     assert not report.ok
@@ -139,6 +141,7 @@ def test_broken_env_fails_with_clear_messages(broken_module):
         report.raise_for_failures()
 
 
+@pytest.mark.slow
 def test_cli_check_env(broken_module):
     good = runner.invoke(app, ["check-env", "tictactoe-v1"])
     assert good.exit_code == 0, good.output
@@ -196,6 +199,7 @@ def reasoning_gym_registry(monkeypatch):
     return reasoning_gym.factory.DATASETS
 
 
+@pytest.mark.slow
 def test_reasoning_gym_unknown_dataset_or_config_key_names_the_key(reasoning_gym_registry):
     from rldojo.envs.registry import EnvKwargsError
 

@@ -109,6 +109,7 @@ def test_env_options() -> None:
         CodeEnv().tasks("valid")
 
 
+@pytest.mark.slow  # the sandbox
 def test_reference_of_every_template_scores_1_and_a_wrong_one_0(sandbox) -> None:
     env = CodeEnv(test_timeout_s=10.0)  # generous: the limit is not under test
     by_template: dict[str, Task] = {}
@@ -127,6 +128,7 @@ def test_reference_of_every_template_scores_1_and_a_wrong_one_0(sandbox) -> None
 # --- HumanEval and JSONL ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the sandbox
 def test_humaneval_source_loads_164_tasks(sandbox) -> None:
     env = CodeEnv(source="humaneval")
     train, test = env.tasks("train"), env.tasks("test")
@@ -168,6 +170,7 @@ GOOD_ROWS = [
 ]
 
 
+@pytest.mark.slow  # the sandbox
 def test_jsonl_source_tasks_and_grades(tmp_path, sandbox) -> None:
     path = write_jsonl(tmp_path / "code.jsonl", GOOD_ROWS)
     env = CodeEnv(source=str(path), test_fraction=0.0)
@@ -269,6 +272,7 @@ def run_episode(env_kwargs: dict, task: Task, actions: list[str]) -> tuple[Rollo
     return rollouts[0], scores[0]
 
 
+@pytest.mark.slow  # the sandbox
 def test_repair_wrong_then_right_gets_feedback_and_pays_the_turn_cost(sandbox) -> None:
     task = repair_task()
     off_by_one = fenced("def add_n(xs, n=0):\n    return [x + n + 1 for x in xs]\n")
@@ -286,6 +290,7 @@ def test_repair_wrong_then_right_gets_feedback_and_pays_the_turn_cost(sandbox) -
     assert score.components["repair/tests"] == 1.0 and score.components["repair/turns"] == 2.0
 
 
+@pytest.mark.slow  # the sandbox
 def test_feedback_shows_errors_and_never_held_out_expected_outputs(sandbox) -> None:
     env = CodeRepairEnv(max_failures_shown=5)
     checked = 0
@@ -309,6 +314,7 @@ def test_feedback_shows_errors_and_never_held_out_expected_outputs(sandbox) -> N
     assert checked == 6
 
 
+@pytest.mark.slow  # the sandbox
 def test_repair_stops_at_max_turns_and_grades_the_last_attempt(sandbox) -> None:
     task = repair_task()
     bad = fenced("def add_n(xs, n=0):\n    return xs\n")

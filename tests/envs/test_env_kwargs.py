@@ -137,6 +137,7 @@ def test_the_examples_kwargs_pass_their_models(example: Path) -> None:
             check_kwargs(entry["id"], resolve_factory(entry["id"]), entry.get("kwargs", {}))
 
 
+@pytest.mark.slow
 def test_train_dry_run_names_the_config_and_the_key(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text('[env]\nid = "crm-v1"\nkwargs = { db_size = "huge" }\n')

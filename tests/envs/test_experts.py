@@ -162,6 +162,7 @@ def _lost_before_first_move(messages: list[dict]) -> bool:
     return won or negamax(rules, list(board), mark, 9, -3.0, 3.0) < -0.5
 
 
+@pytest.mark.slow
 def test_tictactoe_expert_wins_and_loses_only_lost_openings():
     games = play("tictactoe-v1", example_kwargs("agentic_tictactoe.toml"), 40)
     outcomes = [info["game/outcome"] for _, _, info, _ in games]
@@ -174,6 +175,7 @@ def test_tictactoe_expert_wins_and_loses_only_lost_openings():
         assert all(re.fullmatch(r"<move>[1-9]</move>", move) for move in moves)
 
 
+@pytest.mark.slow
 def test_tictactoe_expert_never_loses_to_perfect_play_from_the_start():
     env, expert = make_env("tictactoe-v1", opponent_depth=9), expert_for("tictactoe-v1")
     for mark in "XO":
@@ -182,6 +184,7 @@ def test_tictactoe_expert_never_loses_to_perfect_play_from_the_start():
         assert info["game/outcome"] == "draw"
 
 
+@pytest.mark.slow
 def test_connect4_expert_beats_a_random_opponent():
     games = play("connect4-v1", {"opponent_depth": 0}, 3)
     assert [info["game/outcome"] for _, _, info, _ in games] == ["win"] * 3  # measured 20/20

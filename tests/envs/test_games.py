@@ -45,6 +45,7 @@ def test_win_detection():
     assert 4 not in c4.legal(board)
 
 
+@pytest.mark.slow
 def test_perfect_opponent_never_loses_and_random_one_does():
     rng = random.Random(0)
     perfect = TicTacToeEnv(opponent_depth=9)
@@ -194,6 +195,7 @@ def test_move_credit_marks_the_turn_that_missed_a_win():
     assert "move_credit" not in plain.components
 
 
+@pytest.mark.slow
 def test_connect4_move_credit_marks_the_missed_win():
     # X holds the bottom of columns 1-3 (O on top of them): column 4 wins now.
     task = Task(id="c/credit", prompt="play", info={"mark": "X", "opening": [1, 1, 2, 2, 3, 3]},

@@ -56,6 +56,7 @@ def reasoning_gym_or_stand_in(monkeypatch):
         monkeypatch.setitem(sys.modules, "reasoning_gym", module)
 
 
+@pytest.mark.slow  # code envs grade in the sandbox
 @pytest.mark.parametrize("env_id", list_envs())
 def test_gymnasium_check_env_passes_for_every_builtin(env_id, math_file, reasoning_gym_or_stand_in):
     env = to_gymnasium(env_id, n_tasks=8, **builtin_kwargs(env_id, math_file))

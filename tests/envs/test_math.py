@@ -168,6 +168,7 @@ def test_hf_dataset_is_loaded_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [("gsm8k", "main", "test")]
 
 
+@pytest.mark.slow  # a math-verify worker process
 def test_default_grader_uses_math_verify(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "f.jsonl", [{"prompt": "Half of 1?", "answer": "\\frac{1}{2}"}])
     env = MathEnv(path, test_fraction=0.0)

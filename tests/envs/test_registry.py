@@ -117,6 +117,7 @@ def test_module_factory_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         make_env("rldojo_test_envmod:not_an_env")
 
 
+@pytest.mark.slow
 def test_import_is_cheap() -> None:
     code = "import sys, rldojo.envs; print('rldojo.envs.arith' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -124,6 +125,7 @@ def test_import_is_cheap() -> None:
 
 
 @pytest.mark.parametrize("first", ["rldojo.envs.arith", "rldojo.envs.math"])
+@pytest.mark.slow
 def test_importing_a_builtin_module_first_still_registers_all(first: str) -> None:
     code = f"import {first}; from rldojo.envs import list_envs; print(list_envs())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

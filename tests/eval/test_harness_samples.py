@@ -152,6 +152,7 @@ def stub_server():
     server.server_close()
 
 
+@pytest.mark.slow  # an HTTP server
 def test_openai_endpoint_policy_against_a_local_stub(stub_server):
     tasks = make_env("arith-v1").tasks("test", n=4)
     _StubChat.seen.clear()
@@ -163,6 +164,7 @@ def test_openai_endpoint_policy_against_a_local_stub(stub_server):
     assert first["messages"][0]["role"] == "system"  # the env's opening conversation
 
 
+@pytest.mark.slow  # serves tiny-random
 def test_openai_policy_against_rldojo_serve_on_the_tiny_model():
     serve = pytest.importorskip("rldojo.serve")
     tasks = make_env("arith-v1").tasks("test", n=3)

@@ -23,6 +23,7 @@ def test_known_errors_give_ceiling_and_clean_accuracy():
     assert perfect.observed == perfect.ceiling and perfect.adjusted == 1.0
 
 
+@pytest.mark.slow
 def test_adjusted_score_recovers_true_accuracy_in_simulation():
     # Multiple choice with 4 options: a wrong answer hits the wrong label 1/3 of the time.
     rng = np.random.default_rng(0)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rldojo.eval import plots
+
+pytestmark = pytest.mark.slow  # matplotlib renders PNGs
 
 PNG = b"\x89PNG"
 

@@ -55,6 +55,7 @@ def test_majority_vote_ties_and_correctness():
     assert not majority_correct([None, None], [True, False])  # a tie is not a majority
 
 
+@pytest.mark.slow
 def test_bootstrap_interval_coverage_on_synthetic_binomial_data():
     # 95% intervals of a mean should cover the true mean about 95% of the time.
     rng = np.random.default_rng(0)

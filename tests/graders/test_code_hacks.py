@@ -16,7 +16,7 @@ from rldojo.graders.code.grader import CodeGradingConfig, CodeTestsGrader
 from rldojo.sandbox import SandboxPool, probe
 from rldojo.types import Rollout, Score, Task
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the sandbox: processes
 # Per-test limit where timeouts are not under test: on a loaded machine a test's child
 # process (fork, seccomp, importing the solution) may take far longer than usual.
 TEST_S = 10.0

@@ -15,8 +15,9 @@ from rldojo.graders.code.grader import (
 )
 from rldojo.sandbox import SandboxPool, probe
 
+pytestmark = pytest.mark.slow  # 164 solutions in the sandbox
 
-@pytest.mark.slow
+
 @pytest.mark.timeout(180)
 def test_humaneval_canonical_and_wrong_solutions() -> None:
     if not probe().strict:

@@ -87,6 +87,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_every_row_failing_exits_non_zero_with_the_first_reason(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/v1"
     spec = {"grader": {"type": "score_model", "name": "j", "model": "m",
@@ -129,6 +130,7 @@ def test_grader_template_typo_fails_training_before_the_run_dir(tmp_path):
 PARTIAL = "def grade(sample, item):\n    return 0.5\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("threshold", "rate"), [(None, 0.0), (0.5, 1.0)])
 def test_partial_credit_grader_pass_rate_follows_the_threshold(tmp_path, threshold, rate):
     spec = {"type": "python", "name": "half", "source": PARTIAL}

@@ -26,6 +26,8 @@ from rldojo.graders.isolation import (
 )
 from rldojo.graders.isolation_pool import IsolatedPool
 
+pytestmark = pytest.mark.slow  # worker processes, killed and timed out
+
 
 def _alive(pid: int) -> bool:
     """True if `pid` runs (a zombie left to an init that does not reap counts as gone)."""

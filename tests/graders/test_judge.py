@@ -101,6 +101,7 @@ class PairedEngine(ScriptedEngine):
         return ChatResult(choices=[ChatChoice(text, "stop", 1)] * request.n, prompt_tokens=1)
 
 
+@pytest.mark.slow
 def test_per_call_timeout():
     engine = HeldEngine(lambda r: "late")  # no reply comes until after the timeouts
     with start_server(engine) as server:
@@ -113,6 +114,7 @@ def test_per_call_timeout():
             engine.release.set()  # the held requests end, so the server stops at once
 
 
+@pytest.mark.slow
 def test_concurrency_limit():
     engine = PairedEngine(lambda r: "ok")
     with start_server(engine) as server:
@@ -126,6 +128,7 @@ def test_concurrency_limit():
     assert engine.max_in_flight == 2
 
 
+@pytest.mark.slow
 def test_cache_makes_asking_again_free(tmp_path):
     engine = ScriptedEngine(lambda r: f"verdict {r.seed}")
     with start_server(engine) as server:
@@ -153,6 +156,7 @@ def test_cache_makes_asking_again_free(tmp_path):
     assert (reopened.stats.calls, reopened.stats.cache_hits, reopened.stats.hit_rate) == (0, 1, 1.0)
 
 
+@pytest.mark.slow
 def test_failures_are_not_cached(tmp_path):
     engine = ScriptedEngine(flaky(1))
     with start_server(engine) as server:
@@ -192,6 +196,7 @@ def test_provenance_names_model_template_sampling_and_seed():
     }
 
 
+@pytest.mark.slow  # loads tiny-random
 def test_in_process_transformers_judge_garbage_is_invalid_never_zero(tiny):
     model, tokenizer = tiny
     engine = TransformersEngine("tiny-random", model=model, tokenizer=tokenizer, dtype="float32")
@@ -216,6 +221,7 @@ def test_standin_engine_in_process():
     assert score.value == pytest.approx((2 - 1) / 2)
 
 
+@pytest.mark.slow  # loads tiny-random
 def test_transformers_backend_from_a_spec():
     from rldojo.graders import load
 

@@ -52,6 +52,7 @@ def write_spec(path, server):
     return path
 
 
+@pytest.mark.slow
 def test_grade_file_summary_and_free_regrading(tmp_path, server):
     data = write_rows(tmp_path / "samples.jsonl", TEXTS)
     spec = write_spec(tmp_path / "rubric.json", server)
@@ -132,6 +133,7 @@ def test_bad_rows_and_specs_are_one_line_errors(tmp_path, server):
     assert result.exit_code == 2 and "spec.operation: expected one of" in result.output
 
 
+@pytest.mark.slow
 def test_eval_judge_agreement_and_probes(tmp_path, server):
     labels = write_rows(tmp_path / "labeled.jsonl", TEXTS, LABELS)
     spec = write_spec(tmp_path / "rubric.json", server)

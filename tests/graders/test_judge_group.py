@@ -132,6 +132,7 @@ def test_strict_group_verdicts(reply, message):
         GroupJudgeGrader.parse(reply, "n", ["S1", "S2"])
 
 
+@pytest.mark.slow
 def test_bad_group_reply_is_invalid_for_every_sample():
     engine = ScriptedEngine(lambda r: '{"scores": "great"}')
     with start_server(engine) as server:

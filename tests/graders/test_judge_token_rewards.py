@@ -18,6 +18,8 @@ from rldojo.graders.token_rewards import (
 from rldojo.serve import ScriptedEngine
 from rldojo.types import Rollout, Score, Task
 
+pytestmark = pytest.mark.slow  # tiny-random's tokenizer
+
 TASK = Task(id="t", prompt="7 + 5?", answer="12")
 
 

@@ -220,12 +220,14 @@ def grade(sample, item):
 """
 
 
+@pytest.mark.slow  # the sandbox
 def test_python_grader_in_the_sandbox(sandbox):
     assert grade(python_spec(OVERLAP), "Paris").value == 1.0
     # {P, a} of {P, a, r, i, s}
     assert grade(python_spec(OVERLAP), "Pa").value == pytest.approx(2 / 5)
 
 
+@pytest.mark.slow  # the sandbox
 def test_python_grader_never_runs_in_process(sandbox, tmp_path):
     marker = tmp_path / "touched"
     source = f"""
@@ -244,6 +246,7 @@ def grade(sample, item):
     assert grade(python_spec(source), "anything").value == 0.5
 
 
+@pytest.mark.slow  # the sandbox
 @pytest.mark.parametrize(
     ("source", "status", "message"),
     [
@@ -274,6 +277,7 @@ def test_python_grader_source_is_checked_at_load_without_running_it(source, mess
         load(python_spec(source), cache=False)
 
 
+@pytest.mark.slow  # the sandbox
 @pytest.mark.parametrize(
     ("extra", "value", "status"),
     [
@@ -302,6 +306,7 @@ def test_python_grader_score_range_is_checked_at_load(bad):
         load(spec, cache=False)
 
 
+@pytest.mark.slow  # the sandbox
 def test_python_grader_printing_10_mb_keeps_its_result(sandbox):
     # print() goes to stderr while grade() runs: the result line on stdout survives
     source = "def grade(sample, item):\n    print('x' * 10_000_000)\n    return 0.25\n"
@@ -309,6 +314,7 @@ def test_python_grader_printing_10_mb_keeps_its_result(sandbox):
     assert score.status == "ok" and score.value == 0.25
 
 
+@pytest.mark.slow  # the sandbox
 def test_python_grader_flooding_stdout_is_named(sandbox):
     # a write below print() floods the captured stdout and pushes the result out
     source = "import os\ndef grade(sample, item):\n    os.write(1, b'x' * (3 << 20))\n    return 1"

@@ -112,6 +112,7 @@ def test_math_verify_plain_numbers_need_no_worker() -> None:
     pool.close()
 
 
+@pytest.mark.slow  # a math-verify worker process
 @pytest.mark.parametrize(
     ("completion", "reference", "value"),
     [
@@ -133,6 +134,7 @@ def test_math_verify_equivalence(mv_pool, completion: str, reference: str, value
     assert score.provenance["grader"] == "math_verify"
 
 
+@pytest.mark.slow  # a math-verify worker process
 def test_math_verify_unparseable_reference_is_invalid(mv_pool) -> None:
     score = _grade(MathVerifyGrader(pool=mv_pool), "Answer: 2", "")
     assert (score.value, score.status) == (None, "invalid")
@@ -168,6 +170,7 @@ def bad_compare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return importlib.import_module("rldojo_test_bad_compare")
 
 
+@pytest.mark.slow  # a math-verify worker process
 def test_math_verify_hang_is_timeout_not_zero(bad_compare) -> None:
     with IsolatedPool(1) as pool:
         g = MathVerifyGrader(timeout_s=0.5, pool=pool, compare=bad_compare.hang)
@@ -179,6 +182,7 @@ def test_math_verify_hang_is_timeout_not_zero(bad_compare) -> None:
         assert "0.5s" in score.explanation
 
 
+@pytest.mark.slow  # a math-verify worker process
 def test_math_verify_crash_is_error_and_next_call_works(bad_compare) -> None:
     with IsolatedPool(1) as pool:
         crashing = MathVerifyGrader(pool=pool, compare=bad_compare.crash)

@@ -15,6 +15,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from rldojo.policy.attention import SAFE_SDPA, safe_sdpa_mask
 from rldojo.policy.models import load_model
 
+pytestmark = pytest.mark.slow  # tiny-random forwards and backwards
+
 
 def _left_padded(n: int = 3, length: int = 12) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)

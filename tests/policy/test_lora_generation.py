@@ -14,6 +14,8 @@ from rldojo.policy import lora
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # tiny-random with adapters, sampling
+
 pytest.importorskip("peft", reason="the `lora` extra (peft) is not installed")
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)

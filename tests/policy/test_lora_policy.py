@@ -11,6 +11,8 @@ from rldojo.config import LoraSection
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # tiny-random with adapters, sampling
+
 pytest.importorskip("peft", reason="the `lora` extra (peft) is not installed")
 
 

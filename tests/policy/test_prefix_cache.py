@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import copy
 
+import pytest
 import torch
 
 from rldojo.envs.registry import make_env
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.engine import collect_rollouts
 from rldojo.types import SamplingParams
+
+pytestmark = pytest.mark.slow  # samples from tiny-random
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 SAMPLED = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)

@@ -14,6 +14,8 @@ from rldojo.policy.sampling import sample
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # samples from tiny-random
+
 
 def _prompts(policy: TransformersPolicy, texts: list[str]) -> list[list[int]]:
     return [policy.encode_chat([{"role": "user", "content": t}]) for t in texts]

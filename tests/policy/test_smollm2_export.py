@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from transformers import AutoTokenizer
 
 from rldojo.policy.models import SMOLLM2_EOS, smollm2_dir
+
+pytestmark = pytest.mark.slow  # exports SmolLM2 from its GGUF
 
 
 def test_the_export_ends_turns_in_im_end_and_a_stale_one_is_redone(tmp_path, monkeypatch):

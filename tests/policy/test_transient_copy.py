@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.types import SamplingParams
+
+pytestmark = pytest.mark.slow  # samples from tiny-random
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 

@@ -70,6 +70,7 @@ def fake_vllm(monkeypatch):
     return module
 
 
+@pytest.mark.slow  # tiny-random
 def test_generate_converts_outputs(tiny, fake_vllm):
     model, tokenizer = tiny
     engine = _Engine()
@@ -92,6 +93,7 @@ def test_generate_converts_outputs(tiny, fake_vllm):
     assert engine.params[-1]["temperature"] == 0.0 and engine.params[-1]["seed"] is None
 
 
+@pytest.mark.slow  # tiny-random
 def test_update_weights_reloads_plain_weights(tiny, fake_vllm):
     model, tokenizer = tiny
     engine = _Engine()
@@ -104,6 +106,7 @@ def test_update_weights_reloads_plain_weights(tiny, fake_vllm):
     assert engine.rpcs[1] == ("reset_prefix_cache", None)  # KV of the old weights dropped
 
 
+@pytest.mark.slow  # tiny-random
 def test_released_model_is_freed_and_updates_need_a_state_dict(tiny, fake_vllm):
     """A Ray worker's sampler: the engine has the weights, the model it was built from is
     not kept alive; new versions come as state dicts."""
@@ -127,6 +130,7 @@ def test_released_model_is_freed_and_updates_need_a_state_dict(tiny, fake_vllm):
     assert [name for name, _ in kwargs["weights_iterator"]] == list(state)
 
 
+@pytest.mark.slow  # tiny-random
 def test_lora_weights_are_merged_before_reload(tiny):
     pytest.importorskip("peft")
     import copy
@@ -162,6 +166,7 @@ def test_check_vllm_config_errors(monkeypatch):
                                       "rollout.max_policy_lag=1", "run.cluster=ray"]))  # fmt: skip
 
 
+@pytest.mark.slow  # tiny-random
 def test_make_policy_passes_dtype_and_only_an_explicit_share(monkeypatch, tiny):
     """The engine gets the run's generation dtype; the GPU default share is not forced on a
     CPU engine (the backend picks a KV cache size there)."""

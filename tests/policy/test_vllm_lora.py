@@ -34,6 +34,8 @@ from rldojo.config import LoraSection
 from rldojo.policy.vllm_backend import VLLMPolicy
 from rldojo.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # tiny-random with adapters, and vllm where it imports
+
 pytest.importorskip("peft")
 
 
@@ -158,7 +160,6 @@ def test_falls_back_to_merged_weights_with_a_warning(tiny, fake_lora_vllm):
     assert (plain.weight_sync, plain.lora_fallback) == ("merged", "lora_adapters=False")
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_vllm_refuses_an_adapter_it_cannot_serve(tiny):
     """vLLM's own adapter rules decide, before an engine starts (here: DoRA)."""
@@ -192,7 +193,6 @@ def _engine_weights(llm):
     return llm.apply_model(lambda m: {n: p.detach().clone() for n, p in m.named_parameters()})[0]
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_real_vllm_serves_the_adapter(lora_served):
     """Greedy ids through the LoRA request equal the adapted trainer's and differ from the
@@ -207,7 +207,6 @@ def test_real_vllm_serves_the_adapter(lora_served):
                               atol=LOGPROB_TOL)  # fmt: skip
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_real_vllm_publishes_new_adapters_without_reloading_the_base(lora_served, monkeypatch):
     """After simulated optimizer steps (same prompts, so a stale prefix cache would hit),
@@ -249,7 +248,6 @@ def test_real_vllm_publishes_new_adapters_without_reloading_the_base(lora_served
         policy.update_weights()
 
 
-@pytest.mark.slow
 @needs_vllm
 def test_real_vllm_adapter_logprobs_at_temperature(lora_served):
     """Seeded samples through the LoRA request: the behaviour log-probs are the adapted

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_config import tiny_overrides
 
 from rldojo.config import ConfigError, load_config
 from rldojo.report.metrics import MetricsLogger, read_metrics, split_values
@@ -131,6 +132,7 @@ def assert_same(got: Rows, want: Rows) -> None:
     assert numbers(got) == numbers(want)
 
 
+@pytest.mark.slow
 def test_each_tracker_stores_the_jsonl_records_and_a_resume_continues_its_run(
     tmp_path, monkeypatch
 ):
@@ -188,12 +190,10 @@ def test_each_tracker_stores_the_jsonl_records_and_a_resume_continues_its_run(
     assert params == {"loss.rho": "0.2", "run.steps": "2", "run.report_to": json.dumps(TRACKERS)}
 
 
-TINY = [
-    "model.name=tiny-random", "model.autocast_bf16=false", "rollout.prompts_per_step=2",
-    "rollout.group_size=2", "rollout.dynamic_sampling=false", "sampling.max_new_tokens=4",
+TINY = tiny_overrides(
     "sampling.temperature=1.0", "eval.tasks=2", "eval.max_new_tokens=2", "env.train_tasks=10",
     "run.steps=2", "run.threads=1", 'run.report_to=["tensorboard", "wandb", "trackio", "mlflow"]',
-]  # fmt: skip
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -203,6 +203,7 @@ def _restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_a_tiny_training_run_reports_to_every_sink(tmp_path, _restore_threads):
     cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=tiny"])
     run_training(cfg)
@@ -232,7 +233,12 @@ def test_a_tiny_training_run_reports_to_every_sink(tmp_path, _restore_threads):
 
 @pytest.mark.parametrize(
     ("name", "module"),
-    [("wandb", "wandb"), ("trackio", "trackio"), ("mlflow", "mlflow"), ("mlflow", "sqlalchemy")],
+    [
+        ("wandb", "wandb"),
+        ("trackio", "trackio"),
+        ("mlflow", "mlflow"),
+        pytest.param("mlflow", "sqlalchemy", marks=pytest.mark.slow),  # imports mlflow
+    ],
 )
 def test_a_missing_tracker_package_is_a_one_line_config_error(tmp_path, monkeypatch, name, module):
     monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError
@@ -254,6 +260,7 @@ def test_mlflow_with_a_tracking_server_needs_no_sql_packages(monkeypatch):
     check_report_to(["mlflow"])
 
 
+@pytest.mark.slow  # imports every tracker
 def test_a_logger_that_logs_nothing_opens_no_tracker_run(tmp_path):
     run = tmp_path / "empty"
     run.mkdir()

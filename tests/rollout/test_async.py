@@ -6,18 +6,20 @@ import time
 
 import coin_env  # noqa: F401  (registers coin-v1)
 import pytest
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.train.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # trains tiny-random
+
 
 def _trainer(tmp_path, lag, *extra):
-    cfg = load_config(None, [*extra,
-        "model.name=tiny-random", "model.autocast_bf16=false", "env.id=coin-v1",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.dynamic_sampling=false",
-        f"rollout.max_policy_lag={lag}", "sampling.max_new_tokens=6", "sampling.temperature=1.0",
-        "optim.lr=1e-3", "eval.tasks=0", f"run.output_dir={tmp_path}",
-    ])  # fmt: skip
+    cfg = load_config(None, tiny_overrides(
+        "env.id=coin-v1", "rollout.group_size=4", f"rollout.max_policy_lag={lag}",
+        "sampling.max_new_tokens=6", "sampling.temperature=1.0", "optim.lr=1e-3",
+        f"run.output_dir={tmp_path}", *extra,
+    ))  # fmt: skip
     return Trainer(cfg, tmp_path / f"lag{lag}")
 
 
@@ -93,12 +95,11 @@ def test_evaluations_during_async_training_share_the_grader_pool(tmp_path):
     both through arith's math-verify worker pool; neither hangs nor errors."""
     from rldojo.train.loop import run_training
 
-    cfg = load_config(None, [
-        "model.name=tiny-random", "model.autocast_bf16=false", "env.id=arith-v1",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.dynamic_sampling=false",
-        "rollout.max_policy_lag=1", "sampling.max_new_tokens=6", "eval.tasks=6", "eval.every=1",
-        "run.steps=3", f"run.output_dir={tmp_path}", "run.name=ev",
-    ])  # fmt: skip
+    cfg = load_config(None, tiny_overrides(
+        "env.id=arith-v1", "rollout.group_size=4", "rollout.max_policy_lag=1",
+        "sampling.max_new_tokens=6", "eval.tasks=6", "eval.every=1", "run.steps=3",
+        f"run.output_dir={tmp_path}", "run.name=ev",
+    ))  # fmt: skip
     summary = run_training(cfg)
     assert summary["statuses"] == {"ok/ok": summary["rollouts"]}
     evals = summary["evals"]

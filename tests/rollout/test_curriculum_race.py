@@ -8,18 +8,20 @@ import threading
 
 import coin_env  # noqa: F401  (registers coin-v1)
 import pytest
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.train.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # trains tiny-random
+
 
 def _trainer(tmp_path, lag):
-    cfg = load_config(None, [
-        "model.name=tiny-random", "model.autocast_bf16=false", "env.id=coin-v1",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.dynamic_sampling=false",
-        f"rollout.max_policy_lag={lag}", "sampling.max_new_tokens=6", "sampling.temperature=1.0",
-        "optim.lr=1e-3", "eval.tasks=0", f"run.output_dir={tmp_path}", "curriculum.enabled=true",
-    ])  # fmt: skip
+    cfg = load_config(None, tiny_overrides(
+        "env.id=coin-v1", "rollout.group_size=4", f"rollout.max_policy_lag={lag}",
+        "sampling.max_new_tokens=6", "sampling.temperature=1.0", "optim.lr=1e-3",
+        f"run.output_dir={tmp_path}", "curriculum.enabled=true",
+    ))  # fmt: skip
     return Trainer(cfg, tmp_path / f"lag{lag}")
 
 

@@ -101,6 +101,7 @@ def test_an_async_actor_plays_and_a_raising_one_is_a_policy_error():
     assert not ep.score.ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "status"), [("crash", "env_error"), ("reset_crash", "env_error"), ("hang", "timeout")]
 )
@@ -173,6 +174,7 @@ def test_the_pass_rule_is_the_evaluations():
 ARITH = {"levels": [1], "python": "off"}
 
 
+@pytest.mark.slow
 def test_teacher_rejection_sampling_keeps_exactly_the_passing_tasks():
     tasks = make_env("arith-tools-v1", **ARITH).tasks("train", n=4)
     index = {t.prompt: (i, t) for i, t in enumerate(tasks)}

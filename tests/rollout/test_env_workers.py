@@ -20,6 +20,8 @@ from rldojo.rollout.engine import collect_rollouts
 from rldojo.rollout.env_workers import EnvWorkerPool
 from rldojo.types import Completion, Observation, SamplingParams, StepResult, Task
 
+pytestmark = pytest.mark.slow  # environment worker processes
+
 
 class CountEnv:
     """Three turns of counting; task `i` misbehaves at turn 2 when `i == bad`:

@@ -13,6 +13,7 @@ import os
 import time
 
 import pytest
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.envs.base import SingleTurnEnv
@@ -20,6 +21,8 @@ from rldojo.envs.registry import register
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.train.loop import run_training
 from rldojo.types import Completion, Score, Task
+
+pytestmark = pytest.mark.slow  # trains tiny-random; worker processes
 
 N_TASKS = 40
 # What the watchdog logged about grading (the log test's handler appends; a plain list,
@@ -97,13 +100,11 @@ register("fault-v1", FaultEnv, overwrite=True)
 
 
 def _config(tmp_path, name, *extra):
-    return load_config(None, [
-        "model.name=tiny-random", "model.autocast_bf16=false", "env.id=fault-v1",
-        "rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.dynamic_sampling=false",
-        "rollout.env_timeout_s=1", "rollout.grade_timeout_s=1", "sampling.max_new_tokens=4",
-        "sampling.temperature=1.0", "eval.tasks=0", "run.steps=1",
+    return load_config(None, tiny_overrides(
+        "env.id=fault-v1", "rollout.prompts_per_step=4", "rollout.env_timeout_s=1",
+        "rollout.grade_timeout_s=1", "sampling.temperature=1.0", "run.steps=1",
         f"run.output_dir={tmp_path}", f"run.name={name}", *extra,
-    ])  # fmt: skip
+    ))  # fmt: skip
 
 
 def _steps(tmp_path, name):

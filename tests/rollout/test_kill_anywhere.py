@@ -35,23 +35,26 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_config import tiny_overrides
 
 from rldojo.config import dump_config, load_config
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
 from rldojo.types import Score, Task
 
+pytestmark = pytest.mark.slow  # SIGKILLs rldojo train subprocesses
+
 STEPS = 4
 CHILD_TIMEOUT_S = 600  # one child run (a hang bound, never the point: ~10 s unloaded)
 SEED = 7  # the kill plan: order, occurrences, offsets
 GRADE_S = 0.03  # the grader waits (as real graders do), so a kill can land inside grading
-OVERRIDES = [
-    "model.name=tiny-random", "model.autocast_bf16=false", "env.id=parity-slow-v1",
-    "rollout.prompts_per_step=2", "rollout.group_size=4", "sampling.max_new_tokens=6",
-    "sampling.temperature=1.0", "optim.lr=1e-3", "eval.tasks=0", "run.deterministic=true",
+OVERRIDES = tiny_overrides(
+    "env.id=parity-slow-v1", "rollout.group_size=4", "sampling.max_new_tokens=6",
+    "sampling.temperature=1.0", "optim.lr=1e-3", "run.deterministic=true",
     "run.checkpoint_every=1", f"run.steps={STEPS}",
     "run.threads=1",  # two threads on two shared cores wait on each other: 4x slower
-]  # fmt: skip
+    drop=["rollout.dynamic_sampling"],
+)  # fmt: skip
 
 # Kills inside a phase (a random fraction of its reference duration), right after the
 # n-th call of a phase returns, in the middle of a ledger transaction (between INSERTs),
@@ -221,7 +224,7 @@ def child_main() -> None:
 # ---------------------------------------------------------------------- the parent (the test)
 
 _CHILD = (
-    "import sys; sys.path.insert(0, {here!r})\n"
+    "import sys; sys.path[:0] = [{here!r}, {tests!r}]  # and pytest's pythonpath: tiny_config\n"
     "import test_kill_anywhere\n"
     "test_kill_anywhere.child_main()\n"
 )
@@ -229,7 +232,8 @@ _CHILD = (
 
 def _spawn(args: list[str], trace: Path, plan: dict[str, Any] | None) -> subprocess.Popen:
     env = {**os.environ, "KILL_TRACE": str(trace), "KILL_PLAN": json.dumps(plan)}
-    code = _CHILD.format(here=os.path.dirname(__file__))
+    here = os.path.dirname(__file__)
+    code = _CHILD.format(here=here, tests=os.path.dirname(here))
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
         env=env,

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+from tiny_config import tiny_overrides
+
 from rldojo.config import load_config
 from rldojo.rollout.mixture import EnvMixture
 from rldojo.train.trainer import Trainer
@@ -55,15 +58,13 @@ def test_grader_routes_by_environment(tmp_path):
     asyncio.run(grader.close())
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_trainer_step_reports_each_environment(tmp_path):
     path = _math_file(tmp_path)
     mix = f'[{{id="arith-v1"}}, {{id="math-v1", kwargs={{path="{path}"}}}}]'
-    cfg = load_config(None, [
-        "model.name=tiny-random", "model.autocast_bf16=false", "rollout.prompts_per_step=6",
-        "rollout.group_size=2", "rollout.dynamic_sampling=false", "sampling.max_new_tokens=4",
-        "eval.tasks=0", f"run.output_dir={tmp_path}",
-        f"env.mix={mix}",
-    ])  # fmt: skip
+    cfg = load_config(None, tiny_overrides(
+        "rollout.prompts_per_step=6", f"run.output_dir={tmp_path}", f"env.mix={mix}"
+    ))  # fmt: skip
     trainer = Trainer(cfg, tmp_path / "run")
     try:
         metrics = trainer.step()
@@ -73,13 +74,12 @@ def test_trainer_step_reports_each_environment(tmp_path):
     assert {"arith-v1", "math-v1"} <= envs
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_curriculum_retires_saturated_tasks_across_resume(tmp_path):
-    overrides = [
-        "model.name=tiny-random", "model.autocast_bf16=false", "rollout.prompts_per_step=2",
-        "rollout.group_size=2", "rollout.dynamic_sampling=false", "sampling.max_new_tokens=4",
-        "eval.tasks=0", f"run.output_dir={tmp_path}", "curriculum.enabled=true",
-        "curriculum.window=1", "curriculum.mode=retire", "env.train_tasks=20",
-    ]  # fmt: skip
+    overrides = tiny_overrides(
+        f"run.output_dir={tmp_path}", "curriculum.enabled=true", "curriculum.window=1",
+        "curriculum.mode=retire", "env.train_tasks=20",
+    )  # fmt: skip
     trainer = Trainer(load_config(None, overrides), tmp_path / "c")
     try:
         metrics = trainer.step()

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.envs.base import SingleTurnEnv
@@ -18,6 +20,8 @@ from rldojo.envs.registry import register
 from rldojo.store.ledger import Ledger
 from rldojo.train.loop import run_training
 from rldojo.types import Score, Task
+
+pytestmark = pytest.mark.slow  # trains tiny-random; SIGKILLs a subprocess
 
 
 class ParityEnv(SingleTurnEnv):
@@ -42,13 +46,14 @@ class ParityGrader:
 
 
 register("parity-v1", ParityEnv, overwrite=True)
+# A child imports this module: its folder, and tests/ (pytest's `pythonpath`: tiny_config).
+_CHILD_PATH = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
 
-BASE = [
-    "model.name=tiny-random", "model.autocast_bf16=false", "env.id=parity-v1",
-    "rollout.prompts_per_step=2", "rollout.group_size=4", "sampling.max_new_tokens=6",
-    "sampling.temperature=1.0", "optim.lr=1e-3", "eval.tasks=0", "run.deterministic=true",
-    "run.checkpoint_every=1",
-]  # fmt: skip
+BASE = tiny_overrides(
+    "env.id=parity-v1", "rollout.group_size=4", "sampling.max_new_tokens=6",
+    "sampling.temperature=1.0", "optim.lr=1e-3", "run.deterministic=true",
+    "run.checkpoint_every=1", drop=["rollout.dynamic_sampling"],
+)  # fmt: skip
 
 
 def _metrics(run):
@@ -80,7 +85,7 @@ def _kill_after_two_checkpoints(
     its 5th step (it never ends by itself), so the kill lands mid-run however late it
     comes: after step 2, 3 or 4."""
     script = (
-        f"import sys, time; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        f"import sys, time; sys.path[:0] = {_CHILD_PATH!r}\n"
         "import test_resume  # registers parity-v1\n"
         "from rldojo.config import load_config\n"
         "from rldojo.train.loop import run_training\n"

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from rldojo.policy.models import load_model
 from rldojo.rollout.engine import collect_rollouts
 from rldojo.types import Completion, Observation, SamplingParams, StepResult, Task
+
+pytestmark = pytest.mark.slow  # tiny-random's tokenizer
 
 
 class EchoEnv:

@@ -21,7 +21,7 @@ import pytest
 
 from rldojo.sandbox import ExecResult, SandboxPool
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # the sandbox: processes
 # The wall limit of programs that never end by themselves. It also covers the sandbox's
 # start-up (a start past it is a sandbox_error, not a timeout), so it is not cut fine.
 RUNAWAY_S = 5.0

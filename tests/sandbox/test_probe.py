@@ -8,6 +8,8 @@ import pytest
 
 from rldojo.sandbox import ProbeResult, SandboxPool, SandboxUnavailable, probe
 
+pytestmark = pytest.mark.slow  # probes bubblewrap: processes
+
 
 def test_probe_reports_every_layer() -> None:
     result = probe()

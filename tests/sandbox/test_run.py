@@ -8,8 +8,12 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from rldojo.sandbox import ExecSpec, Limits, SandboxPool
 from rldojo.sandbox.slots import processes_of_uid
+
+pytestmark = pytest.mark.slow  # the sandbox: processes
 
 GENEROUS_S = 60.0  # the wall limit of programs that end by themselves (not under test)
 

@@ -7,7 +7,11 @@ a controlled delay in the start-up phase, the same for the parent as a slow inte
 
 from __future__ import annotations
 
+import pytest
+
 from rldojo.sandbox import ExecSpec, Limits, SandboxPool
+
+pytestmark = pytest.mark.slow  # the sandbox: processes
 
 GENEROUS_S = 60.0  # a bound that is not under test
 

@@ -20,6 +20,8 @@ from rldojo.serve import ScriptedEngine, start_server
 from rldojo.serve.engine import ChatRequest, TransformersEngine
 from rldojo.serve.logprobs import token_pieces, word_pieces
 
+pytestmark = pytest.mark.slow  # rldojo serve over tiny-random
+
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
 

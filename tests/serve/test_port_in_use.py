@@ -14,6 +14,8 @@ from rldojo import cli
 from rldojo.serve import ScriptedEngine
 from rldojo.serve.server import PortInUseError, bind_port, start_server
 
+pytestmark = pytest.mark.slow  # servers and subprocesses
+
 runner = CliRunner()
 
 

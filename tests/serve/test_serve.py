@@ -12,6 +12,8 @@ import pytest
 from rldojo.serve import ScriptedEngine, start_server
 from rldojo.serve.engine import ChatRequest, TransformersEngine
 
+pytestmark = pytest.mark.slow  # rldojo serve over tiny-random
+
 
 @pytest.fixture(scope="module")
 def server(tiny):

@@ -19,6 +19,8 @@ from service.helpers import (
     wait_status,
 )
 
+pytestmark = pytest.mark.slow  # a service subprocess
+
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):

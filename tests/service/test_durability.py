@@ -3,6 +3,7 @@ job is there, the job resumes from its last checkpoint and succeeds, no worker i
 
 from __future__ import annotations
 
+import pytest
 from service.helpers import (
     FAST,
     PYTHON,
@@ -14,6 +15,8 @@ from service.helpers import (
     wait_status,
     worker_pids,
 )
+
+pytestmark = pytest.mark.slow  # a service subprocess, SIGKILLed
 
 
 def test_kill9_mid_job_then_restart_finishes_the_job(tmp_path):

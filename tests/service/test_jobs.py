@@ -24,6 +24,8 @@ from service.helpers import (
     worker_pids,
 )
 
+pytestmark = pytest.mark.slow  # a service subprocess training tiny-random
+
 
 @pytest.mark.parametrize(
     "grader", [PYTHON, STRING_CHECK, MULTI], ids=["python", "string_check", "multi"]

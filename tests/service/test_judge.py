@@ -19,6 +19,8 @@ from rldojo.serve import ScriptedEngine
 from rldojo.serve.app import build_app
 from rldojo.serve.server import start_in_thread
 
+pytestmark = pytest.mark.slow  # a service subprocess training tiny-random
+
 JUDGE_KEY = "sk-judge-7f3a9c-never-written"
 JUDGE_MODEL = "judge-model"
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from service.helpers import FAST, ServiceProcess, create_job, upload, wait_status
+
+pytestmark = pytest.mark.slow  # a service subprocess training tiny-random
 
 STRICT = {
     "type": "python",

@@ -18,6 +18,7 @@ RAISES = {
 }
 
 
+@pytest.mark.slow  # a service subprocess
 def test_a_grader_that_fails_on_every_row_is_refused_at_creation(service, tmp_path):
     client = service.client()
     file = upload(client, tmp_path)
@@ -32,6 +33,7 @@ def test_a_grader_that_fails_on_every_row_is_refused_at_creation(service, tmp_pa
     assert all(j.training_file != file.id for j in jobs)  # no job was created
 
 
+@pytest.mark.slow  # a service subprocess
 def test_a_grader_that_scores_some_rows_is_accepted(service, tmp_path):
     client = service.client()
     # raises on the rows without a reference answer, scores the one that has it
@@ -42,6 +44,7 @@ def test_a_grader_that_scores_some_rows_is_accepted(service, tmp_path):
     client.fine_tuning.jobs.cancel(job.id)
 
 
+@pytest.mark.slow  # a service subprocess
 def test_graders_validate_tries_the_grader_on_a_given_item(service):
     client = service.client()
     item = {"reference_answer": "yes"}
@@ -85,6 +88,7 @@ def test_the_signal_event_warns_when_little_or_no_signal_is_expected():
     assert level == "warn" and "the grader failed on every sample: ZeroDivisionError" in message
 
 
+@pytest.mark.slow  # a service subprocess
 def test_graders_run_samples_the_base_model_when_asked_for_the_signal(service, tmp_path):
     """`signal: {model, training_file}`: tiny-random writes garbage, so the exact-match
     grader passes nothing and no group's rewards differ; a length-parity grader's do."""

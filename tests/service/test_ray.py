@@ -35,6 +35,8 @@ from rldojo.service.scheduler import Scheduler
 from rldojo.service.settings import ServiceSettings
 from rldojo.service.state import ServiceState
 
+pytestmark = pytest.mark.slow  # a service subprocess on Ray
+
 
 def _job(state: ServiceState, tmp_path: Path, method: dict) -> dict:
     path = tmp_path / "train.jsonl"

@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+from tiny_config import tiny_overrides
 from typer.testing import CliRunner
 
 from rldojo.cli import app
 from rldojo.store.run_dir import claim_run_dir, describe_run, resume_changes
 
-TINY = ["model.name=tiny-random", "model.autocast_bf16=false", "eval.tasks=0",
-        "rollout.prompts_per_step=2", "rollout.group_size=2", "run.report_to=[]",
-        "run.threads=1", "run.name=same", "rollout.dynamic_sampling=false"]  # fmt: skip
+TINY = tiny_overrides("run.report_to=[]", "run.threads=1", "run.name=same",
+                      drop=["sampling.max_new_tokens"])  # fmt: skip
 
 
 def _train(tmp_path: Path, *overrides: str, flags: tuple[str, ...] = ()):
@@ -27,6 +28,7 @@ def _records(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_a_second_run_with_the_same_name_is_refused_and_leaves_the_first_untouched(tmp_path):
     first = _train(tmp_path, "run.steps=2", "sampling.max_new_tokens=16")
     assert first.exit_code == 0, first.output
@@ -41,6 +43,7 @@ def test_a_second_run_with_the_same_name_is_refused_and_leaves_the_first_untouch
     assert after == before  # nothing written: no config, no metrics line, no checkpoint
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_overwrite_moves_the_old_run_aside_and_starts_clean(tmp_path):
     assert _train(tmp_path, "run.steps=2", "sampling.max_new_tokens=16").exit_code == 0
     result = _train(tmp_path, "run.steps=1", "sampling.max_new_tokens=4", flags=("--overwrite",))
@@ -54,6 +57,7 @@ def test_overwrite_moves_the_old_run_aside_and_starts_clean(tmp_path):
     assert "reused" not in result.output  # nothing came from the old run's ledger
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_resume_refuses_a_changed_sampling_key_and_allows_more_steps(tmp_path):
     assert _train(tmp_path, "run.steps=1", "sampling.max_new_tokens=8").exit_code == 0
     run = tmp_path / "same"
@@ -77,6 +81,7 @@ def test_resume_refuses_a_changed_sampling_key_and_allows_more_steps(tmp_path):
     assert last["changed"] == {"run.steps": [2, 3], "sampling.temperature": [0.7, 0.5]}
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_resumed_steps_say_how_many_rollouts_they_reused(tmp_path):
     """A run killed after its step-2 rollouts were committed but before its checkpoint:
     the resume reuses them, and the step line says so."""
@@ -118,6 +123,7 @@ def test_resume_changes_split_meaning_from_harmless():
     assert harmless == {"eval.every": (0, 2), "rollout.workers": (0, 2), "run.steps": (2, 5)}
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_resume_with_the_runs_own_config_file_is_no_change(tmp_path):
     """`rldojo train CONFIG --resume RUN` with the file the run started from: its "auto"
     precision keys were resolved into RUN/config.toml, which is not a change."""

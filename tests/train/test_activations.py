@@ -10,6 +10,8 @@ from rldojo.train.activations import checkpointed_layers, decoder_layers
 from rldojo.train.batch import build_token_batch, completion_logits, selected_logits
 from rldojo.types import Rollout
 
+pytestmark = pytest.mark.slow  # tiny-random forwards and backwards
+
 
 def _rollout(prompt: list[int], completion: list[int]) -> Rollout:
     n = len(completion)

@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.envs.crm import CrmEnv
@@ -23,6 +24,8 @@ from rldojo.envs.registry import make_env
 from rldojo.rollout.engine import collect_rollouts, grade_rollouts
 from rldojo.train.loop import run_training
 from rldojo.types import Completion, SamplingParams
+
+pytestmark = pytest.mark.slow  # trains tiny-random
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -100,19 +103,13 @@ def test_scripted_crm_episodes_through_the_engine():
     )
 
 
-TINY = [
-    "model.name=tiny-random",
-    "model.autocast_bf16=false",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.dynamic_sampling=false",
+TINY = tiny_overrides(
     "rollout.max_turns=3",
     "sampling.max_new_tokens=8",
     "optim.micro_batch_size=4",
-    "eval.tasks=0",
     "env.train_tasks=6",
     "run.steps=1",
-]
+)
 
 
 @pytest.fixture

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rldojo.train.batch import build_token_batch, completion_logits
 from rldojo.types import Rollout
+
+pytestmark = pytest.mark.slow  # tiny-random forwards
 
 
 def _rollout(prompt: list[int], completion: list[int], mask: list[bool] | None = None) -> Rollout:

@@ -15,30 +15,26 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.envs.registry import make_env
 from rldojo.sandbox import probe
 from rldojo.train.loop import run_training
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # trains tiny-random; the sandbox
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "code_quickstart.toml"
 
-TINY = [
-    "model.name=tiny-random",
-    "model.autocast_bf16=false",
+TINY = tiny_overrides(
     "env.id=code-v1",
     "env.train_tasks=8",
-    "rollout.prompts_per_step=2",
-    "rollout.group_size=2",
-    "rollout.dynamic_sampling=false",
     "sampling.max_new_tokens=8",
     "optim.micro_batch_size=4",
     "eval.tasks=2",
     "eval.max_new_tokens=8",
     "run.steps=2",
-]
+)
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from rldojo.train.batch import build_token_batch, completion_logits
 from rldojo.train.distill import run_distill, token_kl
 from rldojo.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
+
 
 def test_token_kl_matches_torch_kl_div_in_both_directions():
     torch.manual_seed(0)

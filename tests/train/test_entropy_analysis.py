@@ -25,6 +25,8 @@ from rldojo.train.entropy_analysis import (
 )
 from rldojo.types import Rollout, SamplingParams, Score
 
+pytestmark = pytest.mark.slow  # tiny-random forwards
+
 
 @pytest.fixture(scope="module")
 def sampled(tiny):

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 from rich.console import Console
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.policy.models import load_model
@@ -22,11 +23,10 @@ from rldojo.train.preflight import (
     reasoning_warnings,
 )
 
-TINY = [
-    "model.name=tiny-random", "model.autocast_bf16=false", "model.generation_dtype=float32",
-    "rollout.prompts_per_step=2", "rollout.group_size=2", "sampling.max_new_tokens=6",
-    "optim.micro_batch_size=2", "env.train_tasks=4", "eval.tasks=2", "run.threads=1",
-]  # fmt: skip
+TINY = tiny_overrides(
+    "model.generation_dtype=float32", "sampling.max_new_tokens=6", "optim.micro_batch_size=2",
+    "env.train_tasks=4", "eval.tasks=2", "run.threads=1", drop=["rollout.dynamic_sampling"],
+)  # fmt: skip
 CAL = Calibration(batch=4, prompt_tokens=50, prefill_s=1.0, decode_token_s=0.1,
                   micro_rows=2, micro_new=6, micro_batch_s=2.0, took_s=3.0)  # fmt: skip
 
@@ -38,6 +38,7 @@ def _restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow  # loads tiny-random
 def test_calibration_runs_the_real_sampler_and_update_and_moves_no_weight():
     config = load_config(None, TINY)
     mixture = build_mixture(config)
@@ -70,6 +71,7 @@ def test_the_step_price_follows_the_configs_shape():
     assert base.step_s(3) > base.step_s(1) and base.train_s(3) > base.train_s(1)
 
 
+@pytest.mark.slow  # loads tiny-random
 def test_a_calibrated_plan_says_so_and_the_probe_plan_stays_as_it_was():
     config = load_config(None, TINY)
     mixture = build_mixture(config)
@@ -101,6 +103,7 @@ def test_reasoning_prompts_with_a_small_budget_are_warned_about():
     assert warnings("env.id=arith-v1") == []  # "Solve the problem. ..."
 
 
+@pytest.mark.slow  # loads tiny-random
 def test_the_dry_run_prints_the_calibrated_estimate_and_the_warning(tmp_path):
     printed = io.StringIO()
     sets = ["env.id=mcq-v1", "env.kwargs.instruction=think", f"run.output_dir={tmp_path}"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_config import tiny_overrides
 from typer.testing import CliRunner
 
 from rldojo.cli import app
@@ -74,10 +75,8 @@ class AnsweredEnv(_Env):
 for _cls in (AlwaysEnv, MostlyEnv, SometimesEnv, AnsweredEnv):
     register(_cls.env_id, _cls, overwrite=True)
 
-TINY = ["model.name=tiny-random", "model.autocast_bf16=false", "eval.tasks=0",
-        "rollout.prompts_per_step=2", "rollout.group_size=4", "sampling.max_new_tokens=4",
-        "rollout.dynamic_sampling=false", "run.report_to=[]", "run.threads=1",
-        "run.steps=4", "run.checkpoint_every=1"]  # fmt: skip
+TINY = tiny_overrides("rollout.group_size=4", "run.report_to=[]", "run.threads=1",
+                      "run.steps=4", "run.checkpoint_every=1")  # fmt: skip
 
 
 def _train(tmp_path, env_id, *more):
@@ -89,6 +88,7 @@ def _summary(tmp_path):
     return json.loads((tmp_path / "r" / "summary.json").read_text())
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_a_grader_raising_on_every_sample_stops_after_the_first_step(tmp_path):
     result = _train(tmp_path, "fail-always-v1")
     assert result.exit_code == 1, result.output
@@ -102,6 +102,7 @@ def test_a_grader_raising_on_every_sample_stops_after_the_first_step(tmp_path):
     assert not (tmp_path / "r" / "checkpoints").exists()  # nothing trained to keep
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_the_grader_preflight_stops_on_reference_answers_before_generating(tmp_path):
     result = _train(tmp_path, "fail-answered-v1")
     assert result.exit_code == 1, result.output
@@ -113,6 +114,7 @@ def test_the_grader_preflight_stops_on_reference_answers_before_generating(tmp_p
     assert summary["rollouts"] == 0  # nothing was generated
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_answers_the_grader_can_score_pass_the_preflight(tmp_path):
     """Reference answers scored 0 are not failures: only grades that could not be made."""
     AnsweredEnv.fails = staticmethod(lambda rollout: bool(rollout.completion_ids))
@@ -124,6 +126,7 @@ def test_answers_the_grader_can_score_pass_the_preflight(tmp_path):
     assert "grader error in 8/8 samples of step 1" in result.output  # the first-step rule
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_mostly_failing_samples_stop_the_run_when_the_window_is_full(tmp_path):
     result = _train(tmp_path, "fail-mostly-v1")
     assert result.exit_code == 1, result.output
@@ -136,6 +139,7 @@ def test_mostly_failing_samples_stop_the_run_when_the_window_is_full(tmp_path):
     assert [p.name for p in (tmp_path / "r" / "checkpoints").iterdir()] == ["step_000001"]
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_failures_under_the_budget_train_to_the_end(tmp_path):
     result = _train(tmp_path, "fail-sometimes-v1")
     assert result.exit_code == 0, result.output
@@ -144,6 +148,7 @@ def test_failures_under_the_budget_train_to_the_end(tmp_path):
     assert summary["statuses"]["ok/error"] == 8  # 2 of 8 a step, excluded and counted
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_a_budget_of_one_never_stops(tmp_path):
     result = _train(tmp_path, "fail-always-v1", "run.steps=2", "run.max_failure_rate=1")
     assert result.exit_code == 0, result.output

@@ -19,6 +19,8 @@ from rldojo.config import load_config
 from rldojo.train.interrupts import Interrupts
 from rldojo.train.loop import run_training
 
+pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
+
 TINY = ["model.name=tiny-random", "model.autocast_bf16=false", "eval.tasks=0",
         "rollout.prompts_per_step=2", "rollout.group_size=2", "sampling.max_new_tokens=4",
         "rollout.dynamic_sampling=false", "run.report_to=[]", "run.threads=1"]  # fmt: skip

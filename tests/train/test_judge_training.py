@@ -15,26 +15,24 @@ import re
 
 import pytest
 from judge_standin import split_blocks
+from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.serve import ScriptedEngine, start_server
 from rldojo.train.loop import run_training
 from rldojo.train.stops import FailureBudgetExceeded
 
-TINY = [
-    "model.name=tiny-random",
-    "model.autocast_bf16=false",
-    "rollout.prompts_per_step=2",
+pytestmark = pytest.mark.slow  # trains tiny-random
+
+TINY = tiny_overrides(
     "rollout.group_size=4",
-    "rollout.dynamic_sampling=false",
     "sampling.max_new_tokens=8",
     "sampling.temperature=1.0",
     "optim.micro_batch_size=4",
     "optim.lr=1e-3",
-    "eval.tasks=0",
     "env.train_tasks=8",
     "run.steps=1",
-]
+)
 
 
 def rubric_override(url: str, model: str, cache: str) -> str:

@@ -16,6 +16,8 @@ from rldojo.train.loop import run_training
 from rldojo.train.trainer import Trainer
 from rldojo.types import Score, Task
 
+pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
+
 
 class ParityEnv(SingleTurnEnv):
     """Short prompts; reward = parity of the completion's token ids (groups carry signal)."""

@@ -10,6 +10,7 @@ import json
 import coin_env  # noqa: F401  (registers coin-v1: groups with signal from a random model)
 import pytest
 import torch
+from tiny_config import tiny_overrides
 from typer.testing import CliRunner
 
 from rldojo.config import load_config
@@ -17,15 +18,16 @@ from rldojo.train.loop import run_training
 from rldojo.train.trainer import Trainer
 from rldojo.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # trains tiny-random with adapters
+
 peft = pytest.importorskip("peft", reason="the `lora` extra (peft) is not installed")
 
-TINY = [
-    "model.name=tiny-random", "env.id=coin-v1", "model.autocast_bf16=false",
-    "model.generation_dtype=float32", "rollout.prompts_per_step=2", "rollout.group_size=4",
-    "rollout.dynamic_sampling=false", "sampling.max_new_tokens=8", "sampling.temperature=1.0",
-    "optim.micro_batch_size=3", "optim.lr=0.05", "eval.tasks=0", "env.train_tasks=20",
-    "run.report_to=[]", "model.lora={r = 4, alpha = 8, target_modules = ['q_proj', 'v_proj']}",
-]  # fmt: skip
+TINY = tiny_overrides(
+    "env.id=coin-v1", "model.generation_dtype=float32", "rollout.group_size=4",
+    "sampling.max_new_tokens=8", "sampling.temperature=1.0", "optim.micro_batch_size=3",
+    "optim.lr=0.05", "env.train_tasks=20", "run.report_to=[]",
+    "model.lora={r = 4, alpha = 8, target_modules = ['q_proj', 'v_proj']}",
+)  # fmt: skip
 
 
 def _config(tmp_path, *extra: str):

@@ -83,6 +83,7 @@ def test_logprobs_and_entropy_matches_direct(dtype, chunk_size, temp) -> None:
     assert torch.allclose(logits.grad.float(), ref_logits.grad.float(), atol=tol)
 
 
+@pytest.mark.slow
 def test_logprobs_gradcheck_and_entropy_detached() -> None:
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(2, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)

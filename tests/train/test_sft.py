@@ -24,6 +24,8 @@ from rldojo.train.sft import assistant_turn_tokens, read_demos, run_sft, sft_sch
 from rldojo.train.step_metrics import info_metrics
 from rldojo.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
+
 CALL = '<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
 
 

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 import torch
+from tiny_config import tiny_overrides
 
 from rldojo.config import RolloutConfig, load_config
 from rldojo.envs.multiple_choice import MCFormat, MCItem, MultipleChoiceGrader, mc_task
@@ -20,12 +21,10 @@ from rldojo.train.step_metrics import rollout_metrics
 from rldojo.train.trainer import Trainer
 from rldojo.types import Rollout, Score, Task
 
-TINY = [
-    "model.name=tiny-random", "model.autocast_bf16=false", "model.generation_dtype=float32",
-    "env.id=arith-v1", "rollout.prompts_per_step=2", "rollout.group_size=2",
-    "rollout.dynamic_sampling=false", "sampling.max_new_tokens=6", "eval.tasks=0",
+TINY = tiny_overrides(
+    "model.generation_dtype=float32", "env.id=arith-v1", "sampling.max_new_tokens=6",
     "env.train_tasks=8", "run.steps=1", "run.threads=1",
-]  # fmt: skip
+)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +73,7 @@ def test_signal_metrics_count_cut_completions_and_missing_answers():
     assert empty["signal/truncated"] == 0.0 and empty["signal/no_answer"] == 0.0
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_a_real_step_without_signal_names_the_token_limit(tmp_path):
     # tiny-random writes garbage: no completion ends within 6 tokens or has an answer, so
     # every reward is -0.5 and no group is informative.
@@ -93,6 +93,7 @@ def test_a_real_step_without_signal_names_the_token_limit(tmp_path):
     assert watch.expects == "a line 'Answer: <number>'"
 
 
+@pytest.mark.slow  # trains tiny-random
 def test_rldojo_train_prints_the_line_under_the_step_line(tmp_path):
     from typer.testing import CliRunner
 

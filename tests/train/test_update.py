@@ -13,6 +13,8 @@ from rldojo.train.batch import build_token_batch, completion_logits, selected_lo
 from rldojo.train.update import PolicyUpdate
 from rldojo.types import Rollout
 
+pytestmark = pytest.mark.slow  # tiny-random forwards and backwards
+
 
 def _rollout(prompt: list[int], completion: list[int], version: int = 0) -> Rollout:
     return Rollout(

@@ -27,6 +27,8 @@ from rldojo.workers import (
     WorkerProcess,
 )
 
+pytestmark = pytest.mark.slow  # worker processes
+
 LONG = 120.0  # for calls whose timeout is not under test: never reached
 FOREVER = 3600  # what a stuck call would take: only a kill or a cancel ends it
 

@@ -13,6 +13,8 @@ import pytest
 
 from rldojo.workers import CallError, WorkerDied, WorkerProcess
 
+pytestmark = pytest.mark.slow  # worker processes
+
 LONG = 120.0
 
 
