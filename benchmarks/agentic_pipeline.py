@@ -2,7 +2,7 @@
 
 For each environment (`arith-tools-v1`, `crm-v1`, `tictactoe-v1`) this runs the
 two-stage recipe of `examples/agentic_*.toml` as `rldojo pipeline` does
-(`rldojo.train.pipeline.run_pipeline`, in OUT/ENV; a pipeline already there resumes):
+(`rldojo.training.pipeline.run_pipeline`, in OUT/ENV; a pipeline already there resumes):
 
     demos (the env's expert) -> SFT (evaluates base, SFT) -> RL from the SFT checkpoint
     (`eval.before=false`: SFT's "after" is its "before")
@@ -65,7 +65,7 @@ def run_pipeline(
     rl_overrides: Sequence[str] = (),
     sft_run: Path | None = None,
 ) -> dict[str, Any]:
-    """One environment's pipeline in OUT/ENV (`rldojo.train.pipeline.run_pipeline`; its
+    """One environment's pipeline in OUT/ENV (`rldojo.training.pipeline.run_pipeline`; its
     output in OUT/ENV.log.txt; a pipeline already there resumes): the summary, with the
     environment and the machine. `rl_overrides` apply to the RL stage alone (e.g. LoRA
     there after a full SFT). `sft_run`: start RL from that earlier SFT run instead of
@@ -73,7 +73,7 @@ def run_pipeline(
     demos' (seconds) is not counted."""
     from rich.console import Console
 
-    from rldojo.train.pipeline import run_pipeline as pipeline
+    from rldojo.training.pipeline import run_pipeline as pipeline
 
     config = CONFIGS[env_id]
     out.mkdir(parents=True, exist_ok=True)

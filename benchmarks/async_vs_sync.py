@@ -43,7 +43,7 @@ import torch
 from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.config import load_config
-from rldojo.train.trainer import Trainer
+from rldojo.training.trainer import Trainer
 
 
 def _overrides(args: argparse.Namespace, out: str) -> list[str]:

@@ -26,8 +26,8 @@ from typing import Any
 from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.envs.registry import make_env
-from rldojo.rollout.engine import collect_rollouts
-from rldojo.rollout.env_workers import EnvWorkerPool
+from rldojo.rollout.env_pool import EnvWorkerPool
+from rldojo.rollout.episodes import collect_rollouts
 from rldojo.types import Completion, SamplingParams
 
 CALL = '<tool_call>{"name": "search_deals", "arguments": {"query": "renewal"}}</tool_call>'

@@ -3,8 +3,8 @@
 For each config (the quickstart, i.e. the defaults; `examples/code_quickstart.toml`;
 `examples/agentic_arith_tools.toml`), in this order and in one process:
 
-1. the dry run (`rldojo.train.preflight.dry_run`): it calibrates generation and one
-   training micro-batch of the run's model on this machine (`rldojo.train.estimate`)
+1. the dry run (`rldojo.training.preflight.dry_run`): it calibrates generation and one
+   training micro-batch of the run's model on this machine (`rldojo.training.estimate`)
    and prices a step; its wall time is recorded too;
 2. a real run of `--steps` steps (`Trainer.step`), each timed by the trainer
    (`time/step`, with `time/generate` and `time/train`).
@@ -42,8 +42,8 @@ from results_io import add_result_args, write_result
 from rich.console import Console
 
 from rldojo.config import load_config
-from rldojo.train.preflight import dry_run
-from rldojo.train.trainer import Trainer
+from rldojo.training.preflight import dry_run
+from rldojo.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS: dict[str, Path | None] = {

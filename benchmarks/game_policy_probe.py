@@ -5,7 +5,7 @@ plays), each shown the way `tictactoe-v1` opens an episode (its first user turn,
 the env's own `reset`), one forward pass gives the distribution of the token after the
 assistant's ``<move>``. Reported per checkpoint:
 
-- `p_expert`: mean probability of the expert's move (`rldojo.envs.games_expert`, negamax
+- `p_expert`: mean probability of the expert's move (`rldojo.envs.games.expert`, negamax
   with ties broken for the most chances against a random opponent), and `greedy_is_expert`;
 - `entropy_nats`: mean entropy of that token over the whole vocabulary;
 - `p_win` where the side to move can win at once (mass on the winning cells), `p_block`
@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from results_io import add_result_args, result_path, write_result  # benchmarks/ on sys.path
 
-from rldojo.envs.game_rules import TicTacToe
-from rldojo.envs.games import TicTacToeEnv
-from rldojo.envs.games_expert import make_expert
+from rldojo.envs.games.env import TicTacToeEnv
+from rldojo.envs.games.expert import make_expert
+from rldojo.envs.games.rules import TicTacToe
 from rldojo.policy.base import chat_template_ids
 from rldojo.policy.models import TINY_RANDOM, load_model
 

@@ -47,7 +47,7 @@ SCRIPT_WORDS = re.compile(r"[\w./-]+\.py\b")
 # The library modules a script writes its results through: their strings are keys it writes.
 WRITES_THROUGH = {
     "benchmarks/agentic_pipeline.py": (
-        "src/rldojo/train/pipeline.py",
+        "src/rldojo/training/pipeline.py",
         "src/rldojo/eval/compare.py",
     ),
     "benchmarks/agentic_pool.py": ("src/rldojo/eval/compare.py",),

@@ -58,7 +58,7 @@ def instrument(trainer: Any, phases: Phases) -> Any:
     count (call it before each step)."""
     import torch
 
-    from rldojo.train.activations import decoder_layers
+    from rldojo.training.activations import decoder_layers
 
     def labelled(obj: Any, name: str, label: Any) -> None:
         inner = getattr(obj, name)
@@ -99,7 +99,7 @@ def main() -> None:
     import torch
 
     from rldojo.config import load_config
-    from rldojo.train.trainer import Trainer
+    from rldojo.training.trainer import Trainer
 
     threads = 2
     torch.set_num_threads(threads)

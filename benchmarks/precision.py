@@ -38,7 +38,7 @@ from results_io import add_result_args, write_result  # benchmarks/ is on sys.pa
 
 from rldojo.config import load_config
 from rldojo.hardware.precision import cached_probe, cpu_capability
-from rldojo.train.trainer import Trainer
+from rldojo.training.trainer import Trainer
 
 ENV_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")  # kernel caps, recorded when set
 VARIANTS = {

@@ -73,7 +73,7 @@ def main() -> None:
     results_io.add_result_args(parser, "tiny-random, 2 steps, 8 held-out tasks, temp folder")
     args = parser.parse_args()
     from rldojo.config import load_config
-    from rldojo.train.loop import run_training
+    from rldojo.training.loop import run_training
 
     started = time.time()
     label = args.label or default_label()

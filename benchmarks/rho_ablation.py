@@ -75,12 +75,12 @@ def run_one(task: str, arm: str, seed: int, args: argparse.Namespace) -> dict[st
     """One training run; returns its record (see the module docstring)."""
     from rldojo.config import load_config
     from rldojo.policy.models import load_model
-    from rldojo.train.entropy_analysis import (
+    from rldojo.training.entropy_analysis import (
         position_overlap,
         sequences_from_ledger,
         teacher_forced_entropy,
     )
-    from rldojo.train.trainer import Trainer
+    from rldojo.training.trainer import Trainer
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rho_ablation_") as out:

@@ -31,7 +31,7 @@ from machine_load import cpu_flags, cpu_probe, load_average  # benchmarks/ is on
 from results_io import add_result_args, write_result  # benchmarks/ is on sys.path
 
 from rldojo.config import load_config
-from rldojo.train.trainer import Trainer
+from rldojo.training.trainer import Trainer
 
 
 def main() -> None:

@@ -248,7 +248,7 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
     import torch
 
     from rldojo.config import load_config
-    from rldojo.train.trainer import Trainer
+    from rldojo.training.trainer import Trainer
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="vs_trl_rldojo_") as tmp:
@@ -350,7 +350,7 @@ class GraderReward:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, prompts: list, completions: list, task_id: list[str], **_: Any) -> list:
-        from rldojo.rollout.engine import grade_rollouts
+        from rldojo.rollout.episodes import grade_rollouts
         from rldojo.types import Rollout
 
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]

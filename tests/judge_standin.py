@@ -36,7 +36,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from rldojo.serve.engine import ChatRequest
+from rldojo.inference.engine import ChatRequest
 
 __all__ = ["StandinJudge", "split_blocks"]
 

@@ -12,7 +12,7 @@ from rldojo.eval.compare import paired_comparison, pool_pairs, success_rate, sum
 
 
 def _result(sft: dict[str, bool], rl: dict[str, bool]) -> dict:
-    """A pipeline summary's fields (`rldojo.train.pipeline.summarize`)."""
+    """A pipeline summary's fields (`rldojo.training.pipeline.summarize`)."""
     return {"success": {"sft": success_rate(sft), "sft_rl": success_rate(rl)},
             "paired": {"sft_to_sft_rl": paired_comparison(sft, rl)}}  # fmt: skip
 

@@ -19,12 +19,12 @@ LAYERS = {
     "types": 0, "config": 0, "cache": 0, "pyast": 0, "plugins": 0,
     "hardware": 1, "store": 1, "sandbox": 1, "workers": 1,
     "policy": 2, "data": 2,
-    "serve": 3,
+    "inference": 3,
     "graders": 4,
     "envs": 5,
     "rollout": 6,
     "eval": 7, "cluster": 7, "report": 7, "dashboard": 7,
-    "train": 8,
+    "training": 8,
     "service": 9, "api": 9,
     "commands": 10,
     "cli": 11, "rldojo": 11,
@@ -111,9 +111,27 @@ SEAM_NAMES = re.compile(r"(^|_)(policy|grader|make_env|env_factory|generation|so
 """Parameters that take a seam: each has its protocol (`Policy`, `EnvFactory`/`Env`,
 `Grader`, `Generation`, `RolloutSource`, `Sink`), never `Any`."""
 
-MAX_FUNCTION_LINES = 162
-"""The longest function today (`service.api_jobs.jobs_router`); the aim is 60
-(../shared/STYLE.md). Lower it as the long ones are split."""
+MAX_FUNCTION_LINES = 60
+"""From `def` to the last line, docstring and decorators' arguments included."""
+
+LONG_FUNCTIONS = {
+    "rldojo.service.api_jobs:jobs_router": 162,  # the routes are closures over the state
+    "rldojo.service.api_models:models_router": 116,
+    "rldojo.commands.service:service": 108,  # typer options, one per line
+    "rldojo.dashboard.app:api_router": 100,
+    "rldojo.training.trainer:__init__": 89,
+    "rldojo.commands.evaluation:eval_": 80,
+    "rldojo.commands.distill:distill": 80,
+    "rldojo.commands.check_env:play_episode": 71,
+    "rldojo.rollout.demos:collect_demos": 69,
+    "rldojo.commands.train:train": 67,
+    "rldojo.commands.demos:demos": 66,
+    "rldojo.commands.grade:eval_judge": 62,
+    "rldojo.sandbox.runner:_execute": 61,
+    "rldojo.policy.transformers_backend:__init__": 61,
+}
+"""The functions over the limit today, each at most as long as it is: split one and take
+it off; none may grow, and no other may pass the limit."""
 
 
 def _strict_modules() -> list[str]:
@@ -138,7 +156,7 @@ def _says_any(annotation: ast.expr | None) -> bool:
 def test_seams_are_typed_by_their_protocols():
     paths = dict(_files())
     strict = _strict_modules()
-    assert {"rldojo.policy.base", "rldojo.train.heldout"} <= set(strict)
+    assert {"rldojo.policy.base", "rldojo.training.heldout"} <= set(strict)
     loose = []
     for module in strict:
         for fn in _functions(ast.parse(paths[module].read_text())):
@@ -151,12 +169,13 @@ def test_seams_are_typed_by_their_protocols():
 
 @pytest.mark.slow
 def test_functions_stay_under_the_length_limit():
-    long = {
-        f"{module}:{fn.lineno} {fn.name}": n
-        for module, path in _files()
-        for fn in _functions(ast.parse(path.read_text()))
-        if (n := (fn.end_lineno or fn.lineno) - fn.lineno + 1) > MAX_FUNCTION_LINES
-    }
+    long: dict[str, int] = {}
+    for module, path in _files():
+        for fn in _functions(ast.parse(path.read_text())):
+            n = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+            key = f"{module}:{fn.name}"
+            if n > LONG_FUNCTIONS.get(key, MAX_FUNCTION_LINES):
+                long[f"{key} (line {fn.lineno})"] = n
     assert long == {}
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from rldojo import cli
 from rldojo.cli import app
 from rldojo.config import ConfigValueError
-from rldojo.train.stops import FailureBudgetExceeded, RunInterrupted
+from rldojo.training.stops import FailureBudgetExceeded, RunInterrupted
 
 runner = CliRunner()
 
@@ -183,7 +183,7 @@ def test_dry_run_prints_the_resolved_config_and_plan_and_writes_nothing(tmp_path
 
 
 def test_the_plan_prices_a_short_before_evaluation_by_its_tasks():
-    from rldojo.train.preflight import Plan
+    from rldojo.training.preflight import Plan
 
     plan = Plan(steps=2, samples_per_step=4, max_samples_per_step=4, eval_tasks=4,
                 evaluations=3, before_tasks=1, parameters=1, prompt_tokens=1, gflops=1.0,
@@ -199,7 +199,7 @@ def test_the_plan_prices_a_short_before_evaluation_by_its_tasks():
 def test_the_plan_prices_every_turn_of_a_multi_turn_environment():
     from rldojo.config import load_config
     from rldojo.policy.models import load_model
-    from rldojo.train.preflight import check_inputs, make_plan
+    from rldojo.training.preflight import check_inputs, make_plan
 
     model, tokenizer = load_model("tiny-random")
 

@@ -12,7 +12,7 @@ from tiny_config import tiny_overrides
 
 from rldojo.config import ConfigError, load_config
 from rldojo.policy.device import autocast_device_type, model_device, resolve_device
-from rldojo.train.batch import build_token_batch
+from rldojo.training.batch import build_token_batch
 from rldojo.types import Rollout
 
 TINY = tiny_overrides(
@@ -63,7 +63,7 @@ def test_config_accepts_devices_and_rejects_others():
 def test_trainer_fails_before_any_model_loads_without_cuda(tmp_path, monkeypatch):
     """An unavailable GPU stops the run in one line before the run directory exists."""
     from rldojo.policy import device as device_module
-    from rldojo.train.trainer import Trainer
+    from rldojo.training.trainer import Trainer
 
     monkeypatch.setattr(device_module, "cuda_device_count", lambda: 0)
     cfg = load_config(None, [*TINY, "run.device=cuda"])
@@ -133,7 +133,7 @@ def test_training_model_and_reference_are_placed_on_the_device(lora):
 def test_trainer_places_everything_on_the_resolved_device(tmp_path):
     """Model, reference, optimizer state and the update's device agree (`cpu` here; the
     same code path puts them on `cuda:N`), and one step trains."""
-    from rldojo.train.trainer import Trainer
+    from rldojo.training.trainer import Trainer
 
     cfg = load_config(None, [*TINY, "run.device=cpu", "loss.kl_coef=0.01", "run.steps=1",
                              f"run.output_dir={tmp_path}"])  # fmt: skip

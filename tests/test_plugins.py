@@ -21,7 +21,7 @@ from rldojo.envs.experts import EXPERTS, expert_for
 from rldojo.envs.registry import ENVS, EnvKwargsError, make_env
 from rldojo.graders import GraderSpecError, load
 from rldojo.graders.specs.context import GRADERS
-from rldojo.train.preflight import build_mixture
+from rldojo.training.preflight import build_mixture
 from rldojo.types import Rollout, Task
 
 runner = CliRunner()
@@ -146,7 +146,7 @@ def test_rldojo_plugins_lists_installed_plugins_and_their_origin(dist: Path) -> 
     assert envs["arith-v1"] == {
         "name": "arith-v1",
         "origin": "builtin",
-        "target": "rldojo.envs.arith:ArithEnv",
+        "target": "rldojo.envs.arith.env:ArithEnv",
     }
     graders = {row["name"]: row for row in report["graders"]}
     assert graders["echo_match"]["target"] == "rldojo_tp_plugin:make_grader"

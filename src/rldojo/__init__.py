@@ -10,8 +10,6 @@ docs/architecture.md is the map. The API's names are imported on first use (PEP 
 from __future__ import annotations
 
 import importlib
-import sys
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from rldojo.envs.base import Env
@@ -32,11 +30,12 @@ if TYPE_CHECKING:
     from rldojo.config import load_config
     from rldojo.eval.harness import EvalResult
     from rldojo.graders.base import Grader
-    from rldojo.train.callbacks import Callback
+    from rldojo.training.callbacks import Callback
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "train": "rldojo.api",
     "sft": "rldojo.api",
     "distill": "rldojo.api",
     "evaluate": "rldojo.api",
@@ -44,7 +43,7 @@ _LAZY = {
     "EvalResult": "rldojo.eval.harness",
     "load_config": "rldojo.config",
     "Grader": "rldojo.graders.base",
-    "Callback": "rldojo.train.callbacks",
+    "Callback": "rldojo.training.callbacks",
 }
 """Names imported on first use: the module each comes from."""
 
@@ -60,23 +59,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
-
-
-class _TrainPackage(ModuleType):
-    """`rldojo.train` is the training subpackage, and calling it is `rldojo.api.train`.
-    Python sets every imported subpackage as an attribute of its parent, so the name
-    cannot stay a plain function; a callable package keeps `rldojo.train.loop` and
-    `rldojo.train(config, ...)` both working, whatever was imported first."""
-
-    def __call__(self, config: Any, **kwargs: Any) -> RunResult:
-        """Train with reinforcement learning: `rldojo.api.train` (its docstring)."""
-        from rldojo.api import train
-
-        return train(config, **kwargs)
-
-
-importlib.import_module("rldojo.train")  # cheap: the package's __init__ imports nothing
-sys.modules["rldojo.train"].__class__ = _TrainPackage
 
 
 __all__ = [

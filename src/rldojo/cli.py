@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 
 from rldojo.commands.ui import err_console, user_errors
-from rldojo.train.stops import EXIT_FAILED, EXIT_USAGE, RunStopped
+from rldojo.training.stops import EXIT_FAILED, EXIT_USAGE, RunStopped
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False
@@ -37,7 +37,7 @@ def _options(
 
 def main() -> None:
     """The `rldojo` entry point. Every error is one line on stderr with a documented exit
-    code (`rldojo.train.stops`): 2 bad input or usage (typer's usage errors too), 1 the
+    code (`rldojo.training.stops`): 2 bad input or usage (typer's usage errors too), 1 the
     work failed, 130 interrupted. A `RunStopped` exits with its own code and a user error
     (`user_errors`) with 2, whichever command raised it; any other error exits 1, its
     traceback only with `--debug` (or `RLDOJO_DEBUG=1`)."""

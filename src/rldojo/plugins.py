@@ -1,7 +1,7 @@
 """The plugin registry: named factories of one kind, built in, installed or named by path,
 each remembering where it came from.
 
-    ENVS = Registry("environment", "rldojo.envs", modules=("rldojo.envs.arith",))
+    ENVS = Registry("environment", "rldojo.envs", modules=("rldojo.envs.arith.env",))
     ENVS.register("my-env-v1", MyEnv)          # in-process
     ENVS.resolve("reverse-v1")                 # an installed package's (imported now)
     ENVS.resolve("my_pkg.envs:make_env")       # a path: imported, nothing registered

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow  # a local Ray instance, training tiny-random
 ray = pytest.importorskip("ray")
 
 from rldojo.config import load_config  # noqa: E402
-from rldojo.train.trainer import Trainer  # noqa: E402
+from rldojo.training.trainer import Trainer  # noqa: E402
 
 OVERRIDES = tiny_overrides("model.generation_dtype=float32", "run.cluster=ray", "rollout.workers=2")
 

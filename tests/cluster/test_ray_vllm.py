@@ -24,8 +24,8 @@ from vllm_support import needs_vllm, servable_model  # noqa: E402
 pytestmark = [pytest.mark.slow, needs_vllm]
 
 from rldojo.config import load_config  # noqa: E402
-from rldojo.rollout.engine import collect_rollouts  # noqa: E402
-from rldojo.train.trainer import Trainer  # noqa: E402
+from rldojo.rollout.episodes import collect_rollouts  # noqa: E402
+from rldojo.training.trainer import Trainer  # noqa: E402
 from rldojo.types import SamplingParams  # noqa: E402
 
 

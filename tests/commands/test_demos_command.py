@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from rldojo.cli import app
 from rldojo.envs.experts import expert_for
 from rldojo.envs.registry import make_env
-from rldojo.serve.engine import ScriptedEngine
-from rldojo.serve.server import start_server
+from rldojo.inference.engine import ScriptedEngine
+from rldojo.inference.server import start_server
 
 runner = CliRunner()
 

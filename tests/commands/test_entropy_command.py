@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from rldojo.cli import app
 from rldojo.envs.registry import make_env
 from rldojo.policy.transformers_backend import TransformersPolicy
-from rldojo.rollout.engine import collect_rollouts
+from rldojo.rollout.episodes import collect_rollouts
 from rldojo.store.ledger import Ledger
 from rldojo.types import SamplingParams, Score
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from rldojo.cli import app
 from rldojo.eval.compare import paired_comparison, read_outcomes, success_rate
-from rldojo.train.stops import RunInterrupted
+from rldojo.training.stops import RunInterrupted
 
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "agentic_tictactoe.toml"
 TINY = ["model.name=tiny-random", "run.device=cpu", "run.threads=1", "run.steps=1",
@@ -135,9 +135,9 @@ def test_an_interrupted_stage_is_resumed_in_its_run_directory(stage, tmp_path, m
 
         return run
 
-    monkeypatch.setattr("rldojo.train.sft.run_sft", stand_in("sft"))
-    monkeypatch.setattr("rldojo.train.loop.run_training", stand_in("rl"))
-    monkeypatch.setattr("rldojo.train.pipeline.summarize", lambda *a: {"fake": True})
+    monkeypatch.setattr("rldojo.training.sft.run_sft", stand_in("sft"))
+    monkeypatch.setattr("rldojo.training.loop.run_training", stand_in("rl"))
+    monkeypatch.setattr("rldojo.training.pipeline.summarize", lambda *a: {"fake": True})
     monkeypatch.setattr("rldojo.commands.pipeline._line", lambda summary: "done")
     pipe = tmp_path / "pipe"
     _state(pipe, ["demos"] if stage == "sft" else ["demos", "sft"])

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from rldojo.envs.arith import ARITH_INSTRUCTION, ArithEnv, is_test_question
+from rldojo.envs.arith.env import ARITH_INSTRUCTION, ArithEnv, is_test_question
 from rldojo.envs.base import EpisodeDone
 from rldojo.envs.registry import make_env
 from rldojo.types import Rollout

@@ -17,7 +17,7 @@ from rldojo.envs.code.tasks import N_HELD_OUT, N_VISIBLE, format_call
 from rldojo.envs.code.templates import TEMPLATES
 from rldojo.envs.registry import list_envs, make_env
 from rldojo.graders.code.grader import CodeTestsGrader, suite_from_info
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
 from rldojo.sandbox import ExecResult, probe
 from rldojo.types import Completion, Rollout, SamplingParams, Score, Task
 

@@ -19,7 +19,7 @@ from rldojo.envs.arith_tools.grader import ArithToolsReward
 from rldojo.envs.crm.data import DB_SIZES
 from rldojo.envs.crm.env import CrmKwargs
 from rldojo.envs.crm.grader import CrmReward
-from rldojo.envs.games import GameKwargs, TicTacToeEnv
+from rldojo.envs.games.env import GameKwargs, TicTacToeEnv
 from rldojo.envs.kwargs import LimitsKwargs, ToolEnvKwargs, kwargs_model
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
 from rldojo.envs.registry import EnvKwargsError, check_kwargs, make_env, resolve_factory

@@ -16,8 +16,8 @@ import pytest
 
 from rldojo.envs.arith_tools.expert import expression_of
 from rldojo.envs.experts import expert_for, list_experts, tool_call_text, tool_exchanges
-from rldojo.envs.game_rules import TicTacToe, negamax
-from rldojo.envs.games_expert import read_board
+from rldojo.envs.games.expert import read_board
+from rldojo.envs.games.rules import TicTacToe, negamax
 from rldojo.envs.registry import make_env
 from rldojo.types import Rollout, Task
 

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from rldojo.envs.base import EpisodeDone
-from rldojo.envs.game_rules import Connect4, TicTacToe
-from rldojo.envs.games import Connect4Env, GameGrader, TicTacToeEnv
+from rldojo.envs.games.env import Connect4Env, GameGrader, TicTacToeEnv
+from rldojo.envs.games.rules import Connect4, TicTacToe
 from rldojo.envs.registry import make_env
 from rldojo.types import Rollout, Task
 

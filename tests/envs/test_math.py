@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rldojo.data.loading import DataError
-from rldojo.envs.math import MATH_INSTRUCTION, MathEnv, reference_answer
+from rldojo.envs.math.env import MATH_INSTRUCTION, MathEnv, reference_answer
 from rldojo.envs.registry import make_env
 from rldojo.types import Rollout
 

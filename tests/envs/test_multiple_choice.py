@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rldojo.data.loading import DataError
-from rldojo.envs.multiple_choice import (
+from rldojo.envs.mcq.items import (
     MCFormat,
     MCItem,
     MultipleChoiceGrader,

@@ -80,7 +80,7 @@ def test_unknown_id_message_lists_known_ids() -> None:
 
 def test_builtins_are_listed() -> None:
     assert {"arith-v1", "math-v1"} <= set(list_envs())
-    assert set(registry.BUILTIN_MODULES) >= {"rldojo.envs.arith", "rldojo.envs.math"}
+    assert set(registry.BUILTIN_MODULES) >= {"rldojo.envs.arith.env", "rldojo.envs.math.env"}
 
 
 def test_module_factory_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,12 +119,12 @@ def test_module_factory_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.slow
 def test_import_is_cheap() -> None:
-    code = "import sys, rldojo.envs; print('rldojo.envs.arith' in sys.modules)"
+    code = "import sys, rldojo.envs; print('rldojo.envs.arith.env' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("first", ["rldojo.envs.arith", "rldojo.envs.math"])
+@pytest.mark.parametrize("first", ["rldojo.envs.arith.env", "rldojo.envs.math.env"])
 @pytest.mark.slow
 def test_importing_a_builtin_module_first_still_registers_all(first: str) -> None:
     code = f"import {first}; from rldojo.envs import list_envs; print(list_envs())"

@@ -166,7 +166,7 @@ def test_openai_endpoint_policy_against_a_local_stub(stub_server):
 
 @pytest.mark.slow  # serves tiny-random
 def test_openai_policy_against_rldojo_serve_on_the_tiny_model():
-    serve = pytest.importorskip("rldojo.serve")
+    serve = pytest.importorskip("rldojo.inference")
     tasks = make_env("arith-v1").tasks("test", n=3)
     with serve.start_server("tiny-random") as server:
         policy = OpenAIPolicy(server.url, server.model, concurrency=2)

@@ -21,8 +21,8 @@ from rldojo.graders import INJECTION_FLAG, detect_injection, load
 from rldojo.graders.judges import rubric as rubric_module
 from rldojo.graders.judges.injection import extract_verdict, fence, neutralise, nonce_for
 from rldojo.graders.judges.rubric import RubricGrader
-from rldojo.serve import ScriptedEngine, start_server
-from rldojo.serve.engine import ChatRequest
+from rldojo.inference import ScriptedEngine, start_server
+from rldojo.inference.engine import ChatRequest
 from rldojo.types import Rollout, Task
 
 TASK = Task(id="t", prompt="What is 7 + 5?", answer="12")

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from rldojo.graders.isolation import (
+from rldojo.workers.isolation import (
     IsolatedWorker,
     IsolationCrash,
     IsolationTimeout,
     RemoteError,
 )
-from rldojo.graders.isolation_pool import IsolatedPool
+from rldojo.workers.isolation_pool import IsolatedPool
 
 pytestmark = pytest.mark.slow  # worker processes, killed and timed out
 
@@ -227,7 +227,7 @@ def test_close_leaves_no_child_processes() -> None:
 def test_child_exits_when_parent_dies(tmp_path: Path) -> None:
     script = (
         "import asyncio, os, sys, time\n"
-        "from rldojo.graders.isolation import IsolatedWorker\n"
+        "from rldojo.workers.isolation import IsolatedWorker\n"
         "async def main():\n"
         "    w = IsolatedWorker()\n"
         "    print(await w.call(os.getpid, timeout_s=30), flush=True)\n"

@@ -20,8 +20,8 @@ from rldojo.graders import (
     OpenAIJudge,
     RubricGrader,
 )
-from rldojo.serve import ScriptedEngine, start_server
-from rldojo.serve.engine import ChatChoice, ChatResult, TransformersEngine
+from rldojo.inference import ScriptedEngine, start_server
+from rldojo.inference.engine import ChatChoice, ChatResult, TransformersEngine
 from rldojo.types import Rollout, Task
 
 REQUEST = JudgeRequest([{"role": "user", "content": "Is 12 right?"}])

@@ -10,7 +10,7 @@ from judge_standin import StandinJudge
 from typer.testing import CliRunner
 
 from rldojo.cli import app
-from rldojo.serve import ScriptedEngine, start_server
+from rldojo.inference import ScriptedEngine, start_server
 
 runner = CliRunner()
 TEXTS = ["12", "12 because 7 + 5", "13", "12", "It is 13, because", "twelve"]

@@ -10,7 +10,7 @@ from judge_standin import StandinJudge
 from rldojo.graders import GroupJudgeGrader, load
 from rldojo.graders.judges.group import shared_prefix
 from rldojo.graders.judges.injection import VerdictError
-from rldojo.serve import ScriptedEngine, start_server
+from rldojo.inference import ScriptedEngine, start_server
 from rldojo.types import Rollout, Task
 
 TASK = Task(id="g1", prompt="What is 7 + 5? Explain.", answer="12")

@@ -13,7 +13,7 @@ from judge_standin import StandinJudge, split_blocks
 from rldojo.graders import load
 from rldojo.graders.judges.meta_eval import agreement, cohen_kappa, evaluate_judge, normalise_label
 from rldojo.graders.offline import GradeRow
-from rldojo.serve import ScriptedEngine, start_server
+from rldojo.inference import ScriptedEngine, start_server
 
 
 def test_kappa_and_confusion_by_hand():

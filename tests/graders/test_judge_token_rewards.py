@@ -15,7 +15,7 @@ from rldojo.graders.token_rewards import (
     spans_to_token_rewards,
     token_char_ranges,
 )
-from rldojo.serve import ScriptedEngine
+from rldojo.inference import ScriptedEngine
 from rldojo.types import Rollout, Score, Task
 
 pytestmark = pytest.mark.slow  # tiny-random's tokenizer

@@ -14,7 +14,7 @@ from judge_standin import StandinJudge
 
 from rldojo.graders import GraderSpecError, load
 from rldojo.graders.offline import GradeRow, row_task_rollout
-from rldojo.serve import ScriptedEngine, start_server
+from rldojo.inference import ScriptedEngine, start_server
 
 ITEM = {"question": "What is the capital of France?", "answer": "Paris"}
 

@@ -19,7 +19,7 @@ from rldojo.graders import (
 )
 from rldojo.graders.judges.injection import VerdictError
 from rldojo.graders.judges.rubric import parse_criteria
-from rldojo.serve import ScriptedEngine, start_server
+from rldojo.inference import ScriptedEngine, start_server
 from rldojo.types import Rollout, Task
 
 TASK = Task(id="t1", prompt="What is 7 + 5?", answer="12")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from rldojo.graders.isolation_pool import IsolatedPool
 from rldojo.graders.rules import (
     ExactMatchGrader,
     FormatGrader,
@@ -22,6 +21,7 @@ from rldojo.graders.rules import (
     normalize_answer,
 )
 from rldojo.types import Rollout, Score, Task
+from rldojo.workers.isolation_pool import IsolatedPool
 
 
 def _rollout(text: str) -> Rollout:

@@ -12,7 +12,7 @@ import torch
 
 from rldojo.envs.registry import make_env
 from rldojo.policy.transformers_backend import TransformersPolicy
-from rldojo.rollout.engine import collect_rollouts
+from rldojo.rollout.episodes import collect_rollouts
 from rldojo.types import SamplingParams
 
 pytestmark = pytest.mark.slow  # samples from tiny-random

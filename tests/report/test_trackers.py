@@ -18,7 +18,7 @@ from tiny_config import tiny_overrides
 from rldojo.config import ConfigError, load_config
 from rldojo.report.metrics import MetricsLogger, read_metrics, split_values
 from rldojo.report.trackers import TrackerUnavailable, _wandb_mode, check_report_to, read_state
-from rldojo.train.loop import run_training
+from rldojo.training.loop import run_training
 
 TRACKERS = ["wandb", "trackio", "mlflow"]
 Rows = list[tuple[int, str, Any]]

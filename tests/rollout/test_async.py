@@ -9,7 +9,7 @@ import pytest
 from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
-from rldojo.train.trainer import Trainer
+from rldojo.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # trains tiny-random
 
@@ -93,7 +93,7 @@ def test_producer_failure_is_raised_not_hung(tmp_path, monkeypatch):
 def test_evaluations_during_async_training_share_the_grader_pool(tmp_path):
     """`eval.every` with lag 1: the main thread evaluates while the rollout thread grades,
     both through arith's math-verify worker pool; neither hangs nor errors."""
-    from rldojo.train.loop import run_training
+    from rldojo.training.loop import run_training
 
     cfg = load_config(None, tiny_overrides(
         "env.id=arith-v1", "rollout.group_size=4", "rollout.max_policy_lag=1",

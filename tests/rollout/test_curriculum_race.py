@@ -11,7 +11,7 @@ import pytest
 from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
-from rldojo.train.trainer import Trainer
+from rldojo.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # trains tiny-random
 

@@ -11,9 +11,9 @@ import pytest
 
 from rldojo.envs.experts import expert_for
 from rldojo.envs.registry import make_env, register
+from rldojo.inference.engine import ScriptedEngine
+from rldojo.inference.server import start_server
 from rldojo.rollout.demos import Teacher, collect_demos, passed, play_episode
-from rldojo.serve.engine import ScriptedEngine
-from rldojo.serve.server import start_server
 from rldojo.types import Observation, Score, StepResult, Task
 
 RECORD_KEYS = {"env", "task_id", "seed", "messages", "tools", "score", "passed", "status",

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rldojo.envs.registry import register
-from rldojo.rollout.engine import collect_rollouts
-from rldojo.rollout.env_workers import EnvWorkerPool
+from rldojo.rollout.env_pool import EnvWorkerPool
+from rldojo.rollout.episodes import collect_rollouts
 from rldojo.types import Completion, Observation, SamplingParams, StepResult, Task
 
 pytestmark = pytest.mark.slow  # environment worker processes
@@ -235,7 +235,7 @@ def test_workers_die_with_the_trainer(tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(
         "import asyncio, sys\n"
-        "from rldojo.rollout.env_workers import EnvWorkerPool\n"
+        "from rldojo.rollout.env_pool import EnvWorkerPool\n"
         "from rldojo.types import Task\n"
         "pool = EnvWorkerPool(1, timeout_s=600)\n"
         "env = pool.make_env('arith-v1', {})\n"

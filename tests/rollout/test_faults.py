@@ -18,8 +18,8 @@ from tiny_config import tiny_overrides
 from rldojo.config import load_config
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
-from rldojo.train.loop import run_training
+from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
+from rldojo.training.loop import run_training
 from rldojo.types import Completion, Score, Task
 
 pytestmark = pytest.mark.slow  # trains tiny-random; worker processes

@@ -202,7 +202,7 @@ def child_main() -> None:
     observer.enter("import")
     import rldojo.rollout.generation as generation_module
     import rldojo.store.ledger as ledger_module
-    import rldojo.train.trainer as trainer_module
+    import rldojo.training.trainer as trainer_module
     from rldojo.cli import app
 
     observer.leave("import")

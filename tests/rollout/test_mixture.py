@@ -10,7 +10,7 @@ from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.rollout.mixture import EnvMixture
-from rldojo.train.trainer import Trainer
+from rldojo.training.trainer import Trainer
 from rldojo.types import Rollout
 
 

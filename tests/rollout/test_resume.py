@@ -18,7 +18,7 @@ from rldojo.config import load_config
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
 from rldojo.store.ledger import Ledger
-from rldojo.train.loop import run_training
+from rldojo.training.loop import run_training
 from rldojo.types import Score, Task
 
 pytestmark = pytest.mark.slow  # trains tiny-random; SIGKILLs a subprocess
@@ -88,8 +88,8 @@ def _kill_after_two_checkpoints(
         f"import sys, time; sys.path[:0] = {_CHILD_PATH!r}\n"
         "import test_resume  # registers parity-v1\n"
         "from rldojo.config import load_config\n"
-        "from rldojo.train.loop import run_training\n"
-        "from rldojo.train.trainer import Trainer\n"
+        "from rldojo.training.loop import run_training\n"
+        "from rldojo.training.trainer import Trainer\n"
         "step = Trainer.step\n"
         "def parked(self):\n"
         "    if self.step_num >= 4:\n"

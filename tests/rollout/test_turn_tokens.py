@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from rldojo.policy.models import load_model
-from rldojo.rollout.engine import collect_rollouts
+from rldojo.rollout.episodes import collect_rollouts
 from rldojo.types import Completion, Observation, SamplingParams, StepResult, Task
 
 pytestmark = pytest.mark.slow  # tiny-random's tokenizer

@@ -16,9 +16,9 @@ import pytest
 import torch
 from judge_standin import StandinJudge
 
-from rldojo.serve import ScriptedEngine, start_server
-from rldojo.serve.engine import ChatRequest, TransformersEngine
-from rldojo.serve.logprobs import token_pieces, word_pieces
+from rldojo.inference import ScriptedEngine, start_server
+from rldojo.inference.engine import ChatRequest, TransformersEngine
+from rldojo.inference.logprobs import token_pieces, word_pieces
 
 pytestmark = pytest.mark.slow  # rldojo serve over tiny-random
 

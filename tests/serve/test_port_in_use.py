@@ -1,5 +1,5 @@
 """A port in use: one line naming port and host, exit 2, for `rldojo serve`, `rldojo
-service` and `rldojo dashboard` (they all bind through `rldojo.serve.server`), found
+service` and `rldojo dashboard` (they all bind through `rldojo.inference.server`), found
 before a model loads."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rldojo import cli
-from rldojo.serve import ScriptedEngine
-from rldojo.serve.server import PortInUseError, bind_port, start_server
+from rldojo.inference import ScriptedEngine
+from rldojo.inference.server import PortInUseError, bind_port, start_server
 
 pytestmark = pytest.mark.slow  # servers and subprocesses
 
@@ -33,7 +33,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("rldojo.serve.server.make_engine", refuse)
+    monkeypatch.setattr("rldojo.inference.server.make_engine", refuse)
 
 
 def _message(port: int) -> str:

@@ -9,8 +9,8 @@ import time
 import openai
 import pytest
 
-from rldojo.serve import ScriptedEngine, start_server
-from rldojo.serve.engine import ChatRequest, TransformersEngine
+from rldojo.inference import ScriptedEngine, start_server
+from rldojo.inference.engine import ChatRequest, TransformersEngine
 
 pytestmark = pytest.mark.slow  # rldojo serve over tiny-random
 

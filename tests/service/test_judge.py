@@ -15,9 +15,9 @@ import pytest
 from judge_standin import StandinJudge
 from service.helpers import ROWS, STRING_CHECK, ServiceProcess, create_job, upload, wait_status
 
-from rldojo.serve import ScriptedEngine
-from rldojo.serve.app import build_app
-from rldojo.serve.server import start_in_thread
+from rldojo.inference import ScriptedEngine
+from rldojo.inference.app import build_app
+from rldojo.inference.server import start_in_thread
 
 pytestmark = pytest.mark.slow  # a service subprocess training tiny-random
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldojo.train.activations import checkpointed_layers, decoder_layers
-from rldojo.train.batch import build_token_batch, completion_logits, selected_logits
+from rldojo.training.activations import checkpointed_layers, decoder_layers
+from rldojo.training.batch import build_token_batch, completion_logits, selected_logits
 from rldojo.types import Rollout
 
 pytestmark = pytest.mark.slow  # tiny-random forwards and backwards
@@ -114,8 +114,8 @@ def test_policy_update_with_checkpointing_takes_the_same_step(tiny, autocast, mo
     import copy
 
     from rldojo.config import load_config
-    from rldojo.train import activations
-    from rldojo.train.update import PolicyUpdate
+    from rldojo.training import activations
+    from rldojo.training.update import PolicyUpdate
 
     base, tok = tiny
     batch = build_token_batch(ROLLOUTS, tok.pad_token_id, group_ids=[0, 0, 1, 1])

@@ -21,8 +21,8 @@ from tiny_config import tiny_overrides
 from rldojo.config import load_config
 from rldojo.envs.crm import CrmEnv
 from rldojo.envs.registry import make_env
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
-from rldojo.train.loop import run_training
+from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
+from rldojo.training.loop import run_training
 from rldojo.types import Completion, SamplingParams
 
 pytestmark = pytest.mark.slow  # trains tiny-random
@@ -117,7 +117,7 @@ def fast_tiny_model(tiny, monkeypatch):
     """Reuse the session's tiny model and tokenizer instead of rebuilding them per run."""
     model, tokenizer = tiny
     monkeypatch.setattr(
-        "rldojo.train.trainer.load_model", lambda name, **kw: (copy.deepcopy(model), tokenizer)
+        "rldojo.training.trainer.load_model", lambda name, **kw: (copy.deepcopy(model), tokenizer)
     )
 
 

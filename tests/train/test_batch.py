@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldojo.train.batch import build_token_batch, completion_logits
+from rldojo.training.batch import build_token_batch, completion_logits
 from rldojo.types import Rollout
 
 pytestmark = pytest.mark.slow  # tiny-random forwards

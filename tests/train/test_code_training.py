@@ -20,7 +20,7 @@ from tiny_config import tiny_overrides
 from rldojo.config import load_config
 from rldojo.envs.registry import make_env
 from rldojo.sandbox import probe
-from rldojo.train.loop import run_training
+from rldojo.training.loop import run_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # trains tiny-random; the sandbox
 
@@ -42,7 +42,7 @@ def fast_tiny_model(tiny, monkeypatch):
     """Reuse the session's tiny model and tokenizer instead of rebuilding them per run."""
     model, tokenizer = tiny
     monkeypatch.setattr(
-        "rldojo.train.trainer.load_model", lambda name, **kw: (copy.deepcopy(model), tokenizer)
+        "rldojo.training.trainer.load_model", lambda name, **kw: (copy.deepcopy(model), tokenizer)
     )
 
 

@@ -14,9 +14,9 @@ from rldojo.config import load_config
 from rldojo.envs.registry import make_env
 from rldojo.policy.models import load_model
 from rldojo.policy.transformers_backend import TransformersPolicy
-from rldojo.rollout.engine import collect_rollouts
-from rldojo.train.batch import build_token_batch, completion_logits
-from rldojo.train.distill import run_distill, token_kl
+from rldojo.rollout.episodes import collect_rollouts
+from rldojo.training.batch import build_token_batch, completion_logits
+from rldojo.training.distill import run_distill, token_kl
 from rldojo.types import SamplingParams
 
 pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI

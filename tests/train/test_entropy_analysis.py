@@ -12,9 +12,9 @@ import torch
 
 from rldojo.envs.registry import make_env
 from rldojo.policy.transformers_backend import TransformersPolicy
-from rldojo.rollout.engine import collect_rollouts
+from rldojo.rollout.episodes import collect_rollouts
 from rldojo.store.ledger import Ledger
-from rldojo.train.entropy_analysis import (
+from rldojo.training.entropy_analysis import (
     entropy_change_by_bucket,
     entropy_markdown,
     entropy_report,

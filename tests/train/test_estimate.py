@@ -1,5 +1,5 @@
-"""The dry run's calibrated estimate (`rldojo.train.estimate`) and its reasoning-budget
-warning (`rldojo.train.preflight.reasoning_warnings`), on tiny-random. Timings are never
+"""The dry run's calibrated estimate (`rldojo.training.estimate`) and its reasoning-budget
+warning (`rldojo.training.preflight.reasoning_warnings`), on tiny-random. Timings are never
 asserted: what is checked is what the estimate is made of and how it scales."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.policy.models import load_model
-from rldojo.train.estimate import Calibration, StepCost, calibrate
-from rldojo.train.preflight import (
+from rldojo.training.estimate import Calibration, StepCost, calibrate
+from rldojo.training.preflight import (
     REASONING_MIN_TOKENS,
     build_mixture,
     dry_run,

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from rldojo.cli import app
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
-from rldojo.train.failures import FailureBudget
+from rldojo.training.failures import FailureBudget
 from rldojo.types import Rollout, Score, Task
 
 

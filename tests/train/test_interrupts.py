@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rldojo.config import load_config
-from rldojo.train.interrupts import Interrupts
-from rldojo.train.loop import run_training
+from rldojo.training.interrupts import Interrupts
+from rldojo.training.loop import run_training
 
 pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
 

@@ -18,9 +18,9 @@ from judge_standin import split_blocks
 from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
-from rldojo.serve import ScriptedEngine, start_server
-from rldojo.train.loop import run_training
-from rldojo.train.stops import FailureBudgetExceeded
+from rldojo.inference import ScriptedEngine, start_server
+from rldojo.training.loop import run_training
+from rldojo.training.stops import FailureBudgetExceeded
 
 pytestmark = pytest.mark.slow  # trains tiny-random
 

@@ -11,9 +11,9 @@ import torch
 from rldojo.config import load_config
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
-from rldojo.train.grpo import GrpoObjective
-from rldojo.train.loop import run_training
-from rldojo.train.trainer import Trainer
+from rldojo.training.grpo import GrpoObjective
+from rldojo.training.loop import run_training
+from rldojo.training.trainer import Trainer
 from rldojo.types import Score, Task
 
 pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI

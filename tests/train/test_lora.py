@@ -14,8 +14,8 @@ from tiny_config import tiny_overrides
 from typer.testing import CliRunner
 
 from rldojo.config import load_config
-from rldojo.train.loop import run_training
-from rldojo.train.trainer import Trainer
+from rldojo.training.loop import run_training
+from rldojo.training.trainer import Trainer
 from rldojo.types import SamplingParams
 
 pytestmark = pytest.mark.slow  # trains tiny-random with adapters

@@ -1,4 +1,4 @@
-"""Tests for rldojo.train.losses: each function against a hand computation or a reference."""
+"""Tests for rldojo.training.losses: each function against a hand computation or a reference."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rldojo.train.losses import (
+from rldojo.training.losses import (
     group_advantages,
     high_entropy_mask,
     high_entropy_threshold,
@@ -17,7 +17,7 @@ from rldojo.train.losses import (
     policy_loss,
     token_entropy,
 )
-from rldojo.train.step_metrics import entropy_stats
+from rldojo.training.step_metrics import entropy_stats
 
 # ------------------------------------------------------------------------ entropy
 
@@ -523,7 +523,7 @@ def test_is_weights_scale_each_token_policy_term():
 
 
 def test_token_advantages_add_per_token_rewards():
-    from rldojo.train.trainer import token_advantages
+    from rldojo.training.trainer import token_advantages
     from rldojo.types import Score
 
     adv = torch.tensor([0.5, -1.0])
@@ -533,7 +533,7 @@ def test_token_advantages_add_per_token_rewards():
 
 
 def test_selection_keys_pick_the_highest_the_lowest_or_a_random_share():
-    from rldojo.train.losses import selection_key
+    from rldojo.training.losses import selection_key
 
     entropy = torch.tensor([[0.1, 2.0, 0.5, 3.0, 0.2]])
     mask = torch.ones_like(entropy, dtype=torch.bool)
@@ -554,7 +554,7 @@ def test_selection_keys_pick_the_highest_the_lowest_or_a_random_share():
 
 
 def test_logged_threshold_follows_the_scope():
-    from rldojo.train.step_metrics import mask_threshold
+    from rldojo.training.step_metrics import mask_threshold
 
     entropy = torch.tensor([[0.1, 2.0, 0.5], [3.0, 0.2, 1.0]])
     mask = torch.ones_like(entropy, dtype=torch.bool)

@@ -73,7 +73,7 @@ def _sft_case(tmp: Path) -> tuple[str, list[str], list[str]]:
             for i, (q, a) in enumerate(DEMOS)]  # fmt: skip
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     sets = ["model.name=tiny-random", "sft.epochs=2", "sft.batch_size=1", "sft.lr=1e-3", *COMMON]
-    return "rldojo.train.sft", ["sft", "--data", str(data), *_sets(sets)], ["sft"]
+    return "rldojo.training.sft", ["sft", "--data", str(data), *_sets(sets)], ["sft"]
 
 
 def _distill_case(tmp: Path, tiny) -> tuple[str, list[str], list[str]]:
@@ -89,7 +89,7 @@ def _distill_case(tmp: Path, tiny) -> tuple[str, list[str], list[str]]:
             "distill.sequences=student", "distill.divergence=reverse", "run.steps=6",
             "rollout.prompts_per_step=2", "sampling.max_new_tokens=4", "optim.lr=1e-3",
             *COMMON]  # fmt: skip
-    return "rldojo.train.distill", ["distill", *_sets(sets)], ["distill"]
+    return "rldojo.training.distill", ["distill", *_sets(sets)], ["distill"]
 
 
 def _grpo_case(tmp: Path) -> tuple[str, list[str], list[str]]:
@@ -97,7 +97,7 @@ def _grpo_case(tmp: Path) -> tuple[str, list[str], list[str]]:
             "rollout.prompts_per_step=2", "rollout.group_size=4", "sampling.max_new_tokens=6",
             "sampling.temperature=1.0", "optim.lr=1e-3", "rollout.dynamic_sampling=false",
             *COMMON]  # fmt: skip
-    return "rldojo.train.update", ["train", *_sets(sets)], ["train"]
+    return "rldojo.training.update", ["train", *_sets(sets)], ["train"]
 
 
 def _run_dir_args(command: str, run: Path) -> list[str]:

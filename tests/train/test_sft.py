@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from rldojo.cli import app
 from rldojo.config import load_config
 from rldojo.envs.registry import make_env
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
 from rldojo.rollout.replay import ScriptedPolicy, conversation_rollout, split_conversation
-from rldojo.train.sft import assistant_turn_tokens, read_demos, run_sft, sft_schedule
-from rldojo.train.step_metrics import info_metrics
+from rldojo.training.sft import assistant_turn_tokens, read_demos, run_sft, sft_schedule
+from rldojo.training.step_metrics import info_metrics
 from rldojo.types import SamplingParams
 
 pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
@@ -261,7 +261,7 @@ def test_missing_data_is_a_one_line_error(tmp_path):
 
 
 def test_a_nan_gradient_skips_its_step_counted_and_warned(tiny, tmp_path, monkeypatch):
-    from rldojo.train import sft as sft_module
+    from rldojo.training import sft as sft_module
 
     original, calls = sft_module.sft_step, []
 

@@ -11,14 +11,14 @@ import torch
 from tiny_config import tiny_overrides
 
 from rldojo.config import RolloutConfig, load_config
-from rldojo.envs.multiple_choice import MCFormat, MCItem, MultipleChoiceGrader, mc_task
-from rldojo.envs.reasoning_gym import ReasoningGymGrader
+from rldojo.envs.mcq.items import MCFormat, MCItem, MultipleChoiceGrader, mc_task
+from rldojo.envs.reasoning_gym.env import ReasoningGymGrader
 from rldojo.graders.composite import answer_reward
 from rldojo.graders.rules import NO_ANSWER_FLAG, ExactMatchGrader
-from rldojo.train.preflight import build_mixture
-from rldojo.train.signal import SignalWatch, diagnose, expected_answer, signal_watch
-from rldojo.train.step_metrics import rollout_metrics
-from rldojo.train.trainer import Trainer
+from rldojo.training.preflight import build_mixture
+from rldojo.training.signal import SignalWatch, diagnose, expected_answer, signal_watch
+from rldojo.training.step_metrics import rollout_metrics
+from rldojo.training.trainer import Trainer
 from rldojo.types import Rollout, Score, Task
 
 TINY = tiny_overrides(

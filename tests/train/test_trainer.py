@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
-from rldojo.train.loop import run_training
-from rldojo.train.trainer import Trainer, lr_lambda
+from rldojo.training.loop import run_training
+from rldojo.training.trainer import Trainer, lr_lambda
 
 pytestmark = pytest.mark.slow  # trains tiny-random
 
@@ -161,7 +161,7 @@ def test_kl_to_the_initial_model_is_computed_and_logged(tmp_path):
 
 
 def test_trainer_entropy_source_matches_the_sampler(tmp_path):
-    from rldojo.train.batch import build_token_batch
+    from rldojo.training.batch import build_token_batch
 
     trainer = _trainer(tmp_path, "model.generation_dtype=float32", "loss.entropy_source=trainer")
     try:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rldojo.config import load_config
-from rldojo.train.batch import build_token_batch, completion_logits, selected_logits
-from rldojo.train.update import PolicyUpdate
+from rldojo.training.batch import build_token_batch, completion_logits, selected_logits
+from rldojo.training.update import PolicyUpdate
 from rldojo.types import Rollout
 
 pytestmark = pytest.mark.slow  # tiny-random forwards and backwards

@@ -64,9 +64,9 @@ def evaluate(
     `model_or_run_dir`: a model name, a model or checkpoint directory, a run directory
     (see the module docstring), or a `Policy` (`rldojo.policy.adapters`). `env`: an id, a
     `module:factory`, a factory, or an `Env` (copied for each episode); None: the run's.
-    `tasks`: `Task`s, or rows as `rldojo.train` takes them (graded by `reward`); None:
+    `tasks`: `Task`s, or rows as `rldojo.training` takes them (graded by `reward`); None:
     the first `n` tasks of the env's `split`. `grader` (a `Grader`) or `reward` (a
-    function, as `rldojo.train` takes it) replaces the env's own grader."""
+    function, as `rldojo.training` takes it) replaces the env's own grader."""
     from rldojo.eval.harness import evaluate as harness_evaluate
 
     spec, run = _model_and_run(model_or_run_dir)
@@ -237,7 +237,7 @@ def _threshold(given: float | None, run: TrainConfig | None, target: _Target) ->
 def _limits(run: TrainConfig | None, max_new_tokens: int | None,
             max_turns: int | None) -> tuple[int, dict[str, Any], float]:  # fmt: skip
     """Tokens per turn, the episode limits and the grading timeout: those given, else the
-    run's held-out evaluation's (`rldojo.train.heldout`), else the config's defaults."""
+    run's held-out evaluation's (`rldojo.training.heldout`), else the config's defaults."""
     cfg = run if run is not None else TrainConfig()
     ro = cfg.rollout
     episode = {"max_turns": max_turns or ro.max_turns, "env_timeout_s": ro.env_timeout_s,

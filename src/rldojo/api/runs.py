@@ -13,8 +13,8 @@
 
 Each call runs what the CLI command runs: the same config (a TOML path, a dict of its
 sections, or a `TrainConfig`), checked with the same one-line errors, the same run
-directory, the same exceptions (`rldojo.train.stops`); but nothing is printed unless a
-`rldojo.train.callbacks.ConsoleCallback` is among `callbacks`. The reward-function shortcut
+directory, the same exceptions (`rldojo.training.stops`); but nothing is printed unless a
+`rldojo.training.callbacks.ConsoleCallback` is among `callbacks`. The reward-function shortcut
 is an environment like any other (`rldojo.envs.function_reward`). docs/api.md is the
 user's page.
 """
@@ -33,7 +33,7 @@ from rldojo.config.base import format_error
 from rldojo.envs.function_reward import RewardFunction, register_function_env
 
 if TYPE_CHECKING:
-    from rldojo.train.callbacks import Callback
+    from rldojo.training.callbacks import Callback
 
 __all__ = [
     "RunResult",
@@ -158,11 +158,11 @@ def train(
 
     A directory that holds a run is refused (`RunDirError`) unless `resume` or
     `overwrite`; a run stopped by its failure budget or a signal raises after writing its
-    summary (`rldojo.train.stops`)."""
+    summary (`rldojo.training.stops`)."""
     cfg = as_config(config)
     if reward is not None or tasks is not None or eval_tasks is not None:
         cfg = with_reward(cfg, reward, tasks, eval_tasks)  # the rows checked before any work
-    from rldojo.train.loop import run_training
+    from rldojo.training.loop import run_training
 
     with quiet_progress_bars():
         summary = run_training(cfg, run_dir=_dir(run_dir), resume=resume, overwrite=overwrite,
@@ -210,7 +210,7 @@ def sft(
 ) -> RunResult:
     """Supervised fine-tuning on demonstrations (`rldojo sft`): `data` is a JSONL file of
     conversations (`rldojo demos` writes them); None: `sft.data`."""
-    from rldojo.train.sft import run_sft
+    from rldojo.training.sft import run_sft
 
     cfg = as_config(config)
     with quiet_progress_bars():
@@ -228,7 +228,7 @@ def distill(
     overwrite: bool = False,
 ) -> RunResult:
     """Distillation towards `distill.teacher` (`rldojo distill`)."""
-    from rldojo.train.distill import run_distill
+    from rldojo.training.distill import run_distill
 
     cfg = as_config(config)
     with quiet_progress_bars():

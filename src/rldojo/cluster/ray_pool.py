@@ -121,7 +121,7 @@ class RolloutWorker:
         version: int,
         weights: Any,
     ) -> tuple[list[Rollout], list[Score]]:
-        from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+        from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
 
         if self.policy.version != version:
             state = weights if isinstance(weights, dict) else _ray().get(weights)

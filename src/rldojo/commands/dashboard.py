@@ -30,7 +30,7 @@ def dashboard(
     if missing:
         fail(f"not a directory: {', '.join(missing)} (give run directories or their folder)")
     from rldojo.dashboard.server import start_dashboard
-    from rldojo.serve.server import run_until_stopped
+    from rldojo.inference.server import run_until_stopped
 
     def ready(handle: Any) -> None:
         console.print(f"rldojo dashboard at {handle.url} over {', '.join(map(str, roots))} "

@@ -6,7 +6,7 @@
     rldojo distill --resume distilled/             # after an interrupt or a crash
 
 Forward KL on teacher sequences is classic soft-label distillation; reverse KL on
-student sequences is on-policy distillation (see `rldojo.train.distill`). The config is
+student sequences is on-policy distillation (see `rldojo.training.distill`). The config is
 the one `rldojo train` reads (the student is `[model]`, prompts from `[env]`) plus its
 `[distill]` section; each option below is a shortcut for the config key it names. The run
 directory holds checkpoints (the last one loadable by every command), metrics.jsonl and
@@ -81,8 +81,8 @@ def distill(
     from rldojo.commands.ui import console, fail, parse_env_kwargs, user_errors
     from rldojo.config import ConfigError, load_config
     from rldojo.store.run_dir import RunDirError
-    from rldojo.train.distill import run_distill
-    from rldojo.train.stops import RunStopped
+    from rldojo.training.distill import run_distill
+    from rldojo.training.stops import RunStopped
 
     given = {k: v for k, v in locals().items() if k in _KEYS and v is not None}
     overrides = [f"{_KEYS[k]}={_toml(v)}" for k, v in given.items()]

@@ -5,7 +5,7 @@
 
 Sequences are sampled from `--model` on the environment's tasks (or read from a run's
 ledger with `--ledger`); entropies are then recomputed by a teacher-forced forward of
-each model over the same tokens (`rldojo.train.entropy_analysis`). Writes to `--out`:
+each model over the same tokens (`rldojo.training.entropy_analysis`). Writes to `--out`:
 report.json, report.md, entropy_hist.png, entropy_sequence.png and, with `--compare`,
 entropy_change.png.
 """
@@ -28,8 +28,8 @@ def register(app: typer.Typer) -> None:
 def _sequences(o: dict[str, Any], model: Any, tokenizer: Any) -> list[Any]:
     from rldojo.envs.registry import make_env
     from rldojo.policy.transformers_backend import TransformersPolicy
-    from rldojo.rollout.engine import collect_rollouts
-    from rldojo.train.entropy_analysis import sequences_from_ledger
+    from rldojo.rollout.episodes import collect_rollouts
+    from rldojo.training.entropy_analysis import sequences_from_ledger
     from rldojo.types import SamplingParams
 
     if o["ledger"] is not None:
@@ -57,7 +57,7 @@ def _typical_row(rollouts: list[Any], forking: Any, rho: float) -> int:
 
 def _plots(o: dict[str, Any], tokenizer: Any, rollouts: list[Any], ents: list[Any], report: Any):
     from rldojo.eval import plots
-    from rldojo.train.entropy_analysis import top_positions
+    from rldojo.training.entropy_analysis import top_positions
 
     out: Path = o["out"]
     masks = [np.asarray(r.policy_mask, dtype=bool) for r in rollouts]
@@ -121,7 +121,7 @@ def entropy(
 
     from rldojo.commands.evaluation import set_threads
     from rldojo.commands.ui import console, fail, user_errors
-    from rldojo.train.entropy_analysis import entropy_markdown
+    from rldojo.training.entropy_analysis import entropy_markdown
 
     if temperature <= 0 or not 0 < rho <= 1:
         fail("--temperature must be > 0 and --rho in (0, 1]")
@@ -147,7 +147,7 @@ def _analyse(o: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from rldojo.policy.models import load_model
-    from rldojo.train.entropy_analysis import entropy_report, teacher_forced_entropy
+    from rldojo.training.entropy_analysis import entropy_report, teacher_forced_entropy
 
     torch.manual_seed(o["seed"])
     model, tokenizer = load_model(o["model"])

@@ -109,7 +109,7 @@ def _ks(samples: int, ks: list[int] | None) -> list[int]:
 
 
 def _robustness(runner: _Runner, policy: Policy, tasks: list[Task], base: Any, args: Any) -> Any:
-    from rldojo.envs.multiple_choice import item_from_task
+    from rldojo.envs.mcq.items import item_from_task
     from rldojo.eval.perturb import robustness_report, select_suite
 
     suite = select_suite(args["perturb"], item_from_task(tasks[0]) is not None)

@@ -7,7 +7,7 @@ The three commands of an `examples/agentic_*.toml` header (`rldojo demos`, `rldo
 `rldojo train` from the SFT checkpoint with `eval.before=false`) in one directory, each
 stage reading the same config and `--set` overrides, then PIPE/summary.json: base, SFT
 and SFT+RL success on the same held-out tasks with the paired tests between them. The
-same command again resumes: completed stages are skipped. See `rldojo.train.pipeline`.
+same command again resumes: completed stages are skipped. See `rldojo.training.pipeline`.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def pipeline(
     from rldojo.commands.ui import console, fail, user_errors
     from rldojo.config import ConfigError
     from rldojo.store.run_dir import RunDirError
-    from rldojo.train.pipeline import run_pipeline
-    from rldojo.train.stops import RunStopped
+    from rldojo.training.pipeline import run_pipeline
+    from rldojo.training.stops import RunStopped
 
     if demos < 1:
         fail("--demos must be >= 1")

@@ -1,4 +1,4 @@
-"""`rldojo serve`: an OpenAI-compatible server over a local model (see `rldojo.serve`)."""
+"""`rldojo serve`: an OpenAI-compatible server over a local model (see `rldojo.inference`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def serve(
 ) -> None:
     """Serve /v1/chat/completions, /v1/models and /v1/embeddings for a local model."""
     from rldojo.commands.ui import console, fail, user_errors
-    from rldojo.serve.server import serve_forever
+    from rldojo.inference.server import serve_forever
 
     if dtype not in ("auto", "bfloat16", "float32"):
         fail(f"--dtype: expected auto, bfloat16 or float32, got {dtype!r}")

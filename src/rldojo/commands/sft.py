@@ -8,7 +8,7 @@
 
 The config is the one `rldojo train` reads (`[model]`, `[optim]`, `[eval]`, `[env]`,
 `[run]`) plus its `[sft]` section (`rldojo.config.sft`); the run directory is
-`run.output_dir/run.name` with `-sft` appended to the name. See `rldojo.train.sft`.
+`run.output_dir/run.name` with `-sft` appended to the name. See `rldojo.training.sft`.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def sft(
     from rldojo.commands.ui import console, fail, user_errors
     from rldojo.config import ConfigError, load_config
     from rldojo.store.run_dir import RunDirError
-    from rldojo.train.sft import run_sft
-    from rldojo.train.stops import RunStopped
+    from rldojo.training.sft import run_sft
+    from rldojo.training.stops import RunStopped
 
     source = str(config) if config is not None else "defaults"
     try:

@@ -53,8 +53,8 @@ def train(
     Exit codes: 0 done, 2 bad input (nothing started), 1 the run failed (e.g. the failure
     budget), 130 interrupted (resume with --resume RUN_DIR)."""
     from rldojo.store.run_dir import RunDirError
-    from rldojo.train.loop import run_training
-    from rldojo.train.stops import RunStopped
+    from rldojo.training.loop import run_training
+    from rldojo.training.stops import RunStopped
 
     if allow_download:
         os.environ["RLDOJO_ALLOW_DOWNLOAD"] = "1"
@@ -70,7 +70,7 @@ def train(
             cfg = load_config(config, set_ or [])
             _note_defaults(config, set_ or [])
         if dry_run:
-            from rldojo.train.preflight import dry_run as describe
+            from rldojo.training.preflight import dry_run as describe
 
             describe(cfg, console)
         elif resume is not None:

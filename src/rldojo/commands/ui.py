@@ -4,7 +4,7 @@ Results go to `console` (stdout); errors to `err_console` (stderr), so `rldojo t
 log` still shows them. A user error (bad config, data, env id or kwargs, model,
 template, a port in use) is printed as one line by `fail` with exit code 2
 (`EXIT_USAGE`); anything else reaches `rldojo.cli.main`, which prints it as one line too
-(the traceback only with `--debug`) with the exit codes of `rldojo.train.stops`.
+(the traceback only with `--debug`) with the exit codes of `rldojo.training.stops`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rldojo.config import ConfigError, ConfigValueError
-from rldojo.train.stops import EXIT_USAGE
+from rldojo.training.stops import EXIT_USAGE
 
 __all__ = ["console", "err_console", "fail", "parse_env_kwargs", "user_errors"]
 
@@ -26,7 +26,7 @@ err_console = Console(stderr=True)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> None:
-    """One error line on stderr, then exit `code` (2: bad input; see `rldojo.train.stops`)."""
+    """One error line on stderr, then exit `code` (2: bad input; see `rldojo.training.stops`)."""
     err_console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
@@ -49,8 +49,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     from rldojo.data.loading import DataError
     from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
     from rldojo.graders.openai_templates import TemplateError
+    from rldojo.inference.server import PortInUseError
     from rldojo.policy.models import ModelLoadError
-    from rldojo.serve.server import PortInUseError
 
     return (ConfigError, ConfigValueError, DataError, UnknownEnvError, EnvKwargsError,
             ModelLoadError, TemplateError, PortInUseError)  # fmt: skip

@@ -222,11 +222,11 @@ class OptimConfig(_Section):
     tokens that carry gradient, the top-`loss.rho` forking tokens (exact: the loss reads
     nothing else). Then `policy/logprob_mismatch` and `policy/tis_weight_mean` are means
     over those tokens; `false` computes every completion token's log-prob. Models whose
-    head is not a plain projection (`rldojo.train.batch.PLAIN_HEAD_MODEL_TYPES`) always
+    head is not a plain projection (`rldojo.training.batch.PLAIN_HEAD_MODEL_TYPES`) always
     take the full path."""
     activation_checkpointing: bool = False
     """Keep only each decoder layer's input during the training forward and recompute the
-    layer in the backward pass (`rldojo.train.activations`): the peak memory of a step no
+    layer in the backward pass (`rldojo.training.activations`): the peak memory of a step no
     longer holds every layer's intermediate tensors, for about one more forward's compute.
     Unlike transformers' gradient checkpointing it keeps the KV cache, so `share_prompt`
     still runs each group's prompt once. Applies to `rldojo train` and `rldojo sft`."""

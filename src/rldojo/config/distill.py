@@ -5,7 +5,7 @@
 are sampled per `[sampling]` (`max_new_tokens`, `temperature`), `rollout.prompts_per_step`
 prompts per step, `run.steps` steps, with `[optim]`'s learning rate, betas, clipping and
 micro-batches; the held-out evaluation is `[eval]`'s. This section holds what only
-distillation needs. See `rldojo.train.distill` for the loss.
+distillation needs. See `rldojo.training.distill` for the loss.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def clip_note(config: TrainConfig) -> str | None:
     """One line when the clipped ratio cannot act in this config, else None.
 
     The PPO ratio of a token is its log-prob now against the one it is compared with
-    (`rldojo.train.update`): for a row sampled by the current weights, `pi_old`, the
+    (`rldojo.training.update`): for a row sampled by the current weights, `pi_old`, the
     log-prob before the batch's first optimizer step; for a stale row (generated ahead
     with `rollout.max_policy_lag >= 1`), the sampler's log-prob. With one optimizer step
     per batch (`optim.mini_batches = optim.epochs = 1`) and no generation ahead, `pi_old`

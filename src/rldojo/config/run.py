@@ -26,7 +26,7 @@ class RunConfig(_Section):
     "steps"). The step under way finishes, so a run overshoots by at most one step; the
     starting evaluation is not counted; a resumed run has the whole budget again."""
     max_failure_rate: float = Field(0.5, gt=0.0, le=1.0)
-    """The failure budget (`rldojo.train.failures`): the run stops (exit 1, checkpoints
+    """The failure budget (`rldojo.training.failures`): the run stops (exit 1, checkpoints
     kept, `summary.json` `stopped` = "failures") when more than this share of the rollouts
     of the last `failure_window` steps failed (an episode or a grade with a non-ok status),
     or when every rollout of its first step failed. 1 turns it off."""

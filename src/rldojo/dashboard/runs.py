@@ -1,7 +1,7 @@
 """Run directories as the dashboard reads them: found under the served roots, read without
 writing, and read while a run is still writing them.
 
-A run directory (the layout `rldojo train` writes, see `rldojo.train.loop`) is any
+A run directory (the layout `rldojo train` writes, see `rldojo.training.loop`) is any
 directory under a root that holds `metrics.jsonl`, `ledger.sqlite` or `summary.json`.
 Its id is its path relative to its root, prefixed by the root's index when several roots
 are served (`0/tiny1`, `1/exp/a`). A path that resolves outside every root is not a run,

@@ -9,7 +9,7 @@ from pathlib import Path
 import uvicorn
 
 from rldojo.dashboard.app import create_app
-from rldojo.serve.server import start_in_thread
+from rldojo.inference.server import start_in_thread
 
 
 @dataclass

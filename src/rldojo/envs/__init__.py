@@ -15,8 +15,8 @@ from rldojo.envs.base import Env, EpisodeDone, SingleTurnEnv
 from rldojo.envs.registry import UnknownEnvError, list_envs, make_env, register
 
 if TYPE_CHECKING:
-    from rldojo.envs.arith import ArithEnv
-    from rldojo.envs.math import MathEnv
+    from rldojo.envs.arith.env import ArithEnv
+    from rldojo.envs.math.env import MathEnv
 
 __all__ = [
     "ArithEnv",
@@ -30,7 +30,7 @@ __all__ = [
     "register",
 ]
 
-_LAZY = {"ArithEnv": "rldojo.envs.arith", "MathEnv": "rldojo.envs.math"}
+_LAZY = {"ArithEnv": "rldojo.envs.arith.env", "MathEnv": "rldojo.envs.math.env"}
 
 
 def __getattr__(name: str) -> Any:

@@ -51,13 +51,13 @@ __all__ = [
 ]
 
 BUILTIN_MODULES: tuple[str, ...] = (
-    "rldojo.envs.arith",
-    "rldojo.envs.math",
-    "rldojo.envs.mcq",
+    "rldojo.envs.arith.env",
+    "rldojo.envs.math.env",
+    "rldojo.envs.mcq.env",
     "rldojo.envs.crm",
     "rldojo.envs.arith_tools",
-    "rldojo.envs.games",
-    "rldojo.envs.reasoning_gym",
+    "rldojo.envs.games.env",
+    "rldojo.envs.reasoning_gym.env",
     "rldojo.envs.code",
 )
 """Modules that register the built-in environments when imported."""

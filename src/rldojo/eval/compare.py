@@ -3,7 +3,7 @@
 A run's evaluation writes one line per held-out task (`RUN/evals/LABEL.jsonl`: task id,
 passed, ...). Two evaluations of the same greedy tasks pair by task id, which makes a
 small difference measurable: the paired tests of `rldojo.eval.stats` look at the tasks
-on which the two disagree. `rldojo pipeline` (`rldojo.train.pipeline`) and
+on which the two disagree. `rldojo pipeline` (`rldojo.training.pipeline`) and
 `benchmarks/agentic_pool.py` report with these:
 
 - `read_outcomes(run_dir, label)`: `{task id: passed}` of one evaluation, or None.
@@ -95,7 +95,7 @@ def by_kind(
 
 def summary_pairs(summary: Mapping[str, Any]) -> list[tuple[bool, bool]]:
     """The (SFT passed, SFT+RL passed) pair of every test task of one pipeline summary
-    (`rldojo.train.pipeline`), in cell order, from its pass counts and McNemar cells.
+    (`rldojo.training.pipeline`), in cell order, from its pass counts and McNemar cells.
     Raises `ValueError` when they disagree."""
     s, m = summary["success"], summary["paired"]["sft_to_sft_rl"]["mcnemar"]
     n, sft, rl = s["sft"]["n"], s["sft"]["passed"], s["sft_rl"]["passed"]

@@ -30,7 +30,7 @@ from rldojo.data.loading import DataError, read_rows, require_any_field
 from rldojo.envs.base import Env
 from rldojo.eval.harness import passed
 from rldojo.policy.base import Policy
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
 from rldojo.types import SamplingParams, Task
 
 __all__ = [

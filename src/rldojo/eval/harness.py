@@ -34,7 +34,7 @@ from rldojo.eval.stats import (
 from rldojo.graders.base import Grader, passed
 from rldojo.graders.rules import extract_answer, normalize_answer
 from rldojo.policy.base import Policy
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
 from rldojo.types import Rollout, SamplingParams, Score, Task, first_policy_turn
 
 

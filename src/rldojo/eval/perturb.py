@@ -2,7 +2,7 @@
 
 A `Perturbation` rewrites a task's prompt and nothing else that matters: the task id, the
 reference answer's content and the grader stay the same, so per-task outcomes pair up
-across variants. For multiple-choice tasks (`rldojo.envs.multiple_choice`) it can change
+across variants. For multiple-choice tasks (`rldojo.envs.mcq.items`) it can change
 the option labels (A/B/C/D -> 1/2/3/4 or a)/b)...), shuffle the option order, and swap the
 template or the answer instruction; the task's label mapping is re-rendered, so choosing
 the right option stays right. For short-answer tasks (arith-v1, math-v1: `info["question"]`
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from rldojo.envs.multiple_choice import item_from_task, reformat
+from rldojo.envs.mcq.items import item_from_task, reformat
 from rldojo.eval.harness import wilson_interval
 from rldojo.eval.stats import paired_bootstrap
 from rldojo.types import Task

@@ -30,14 +30,6 @@ Importing this package is cheap: math-verify is only imported inside worker proc
 
 from rldojo.graders.base import Grader
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_reward
-from rldojo.graders.isolation import (
-    IsolatedWorker,
-    IsolationCrash,
-    IsolationError,
-    IsolationTimeout,
-    RemoteError,
-)
-from rldojo.graders.isolation_pool import IsolatedPool
 from rldojo.graders.judges.cache import JudgeCache
 from rldojo.graders.judges.client import (
     EngineJudge,
@@ -68,6 +60,14 @@ from rldojo.graders.specs.common import GraderSpecError
 from rldojo.graders.specs.context import LoadContext, register_grader_type
 from rldojo.graders.specs.loading import SpecGrader, load
 from rldojo.graders.token_rewards import SpanPenaltyGrader, spans_to_token_rewards
+from rldojo.workers.isolation import (
+    IsolatedWorker,
+    IsolationCrash,
+    IsolationError,
+    IsolationTimeout,
+    RemoteError,
+)
+from rldojo.workers.isolation_pool import IsolatedPool
 
 __all__ = [
     "ANSWER_PREFIX",

@@ -1,7 +1,7 @@
 """Rule-based graders for single-answer tasks: answer extraction, exact match, math-verify, format.
 
-The answer format is shared with the environments that ask for it (`rldojo.envs.arith`,
-`rldojo.envs.math`): the policy ends its completion with a line
+The answer format is shared with the environments that ask for it (`rldojo.envs.arith.env`,
+`rldojo.envs.math.env`): the policy ends its completion with a line
 
     Answer: <value>
 
@@ -18,7 +18,7 @@ alone carries the penalty; `extract_answer` tries, last occurrence first:
 The value is cleaned: surrounding ``$``/``\\(...\\)``, markdown ``**``, and trailing
 punctuation are removed. No extractable answer is a valid score of 0, not a failure; the
 graders that extract an answer flag it (`NO_ANSWER_FLAG`), so a run can count how many
-completions never reached an answer (`signal/no_answer`, `rldojo.train.step_metrics`).
+completions never reached an answer (`signal/no_answer`, `rldojo.training.step_metrics`).
 
 `MathVerifyGrader` compares with math-verify (symbolic and numeric equivalence, LaTeX,
 fractions). math-verify can hang on adversarial input and its own SIGALRM timeouts do
@@ -39,13 +39,13 @@ from decimal import Decimal, InvalidOperation
 from importlib import metadata
 from typing import Any
 
-from rldojo.graders.isolation import (
+from rldojo.types import Rollout, Score, ScoreStatus, Task
+from rldojo.workers.isolation import (
     IsolationError,
     IsolationTimeout,
     RemoteError,
 )
-from rldojo.graders.isolation_pool import IsolatedPool
-from rldojo.types import Rollout, Score, ScoreStatus, Task
+from rldojo.workers.isolation_pool import IsolatedPool
 
 __all__ = [
     "ANSWER_PREFIX",

@@ -1,6 +1,6 @@
 """Scaled dot-product attention with no fully masked query row: `SAFE_SDPA`.
 
-rldojo's batches are left padded (prompts in `rldojo.train.batch`, SFT micro-batches,
+rldojo's batches are left padded (prompts in `rldojo.training.batch`, SFT micro-batches,
 generation prompts). Under a causal mask a padding position has no key it may attend to:
 its whole row of the attention mask is False. What SDPA makes of such a row depends on
 the kernel. The CPU kernels return zeros (`_safe_softmax`); on CUDA the gradient of such

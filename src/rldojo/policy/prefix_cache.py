@@ -1,6 +1,6 @@
 """Cross-turn KV reuse for the transformers backend: a multi-turn episode's next prompt
 is its previous prompt, the sampled turn and the environment's answer
-(`rldojo.rollout.engine` builds it from tokens), so the keys and values of everything
+(`rldojo.rollout.episodes` builds it from tokens), so the keys and values of everything
 before the answer were computed by the previous `generate` call. Kept, they turn each
 later turn's prefill from the whole conversation into its new tokens: on CPUs prefill is
 most of a multi-turn episode's generation (`benchmarks/multiturn_generation.py`).

@@ -2,7 +2,7 @@
 
 `play_episode` is the text-level episode loop: the actor writes each assistant turn, the
 environment answers, until the env says done or `max_turns`. It builds the `Rollout`
-the way `rldojo.rollout.engine` does (step infos merged key by key; the env's messages
+the way `rldojo.rollout.episodes` does (step infos merged key by key; the env's messages
 of the final step are not appended) and grades it with the env's own grader through
 `grade_rollouts`. Environment failures and hangs are statuses (`env_error`, `timeout`),
 an actor that raises is `policy_error`; nothing raises out of here.
@@ -36,7 +36,7 @@ from typing import Any, Literal
 from rldojo.envs.base import Env
 from rldojo.graders.base import Grader, passed
 from rldojo.graders.judges.client import JudgeRequest, OpenAIJudge
-from rldojo.rollout.engine import grade_rollouts
+from rldojo.rollout.episodes import grade_rollouts
 from rldojo.types import Message, Rollout, Score, Task
 
 __all__ = [

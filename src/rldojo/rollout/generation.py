@@ -22,7 +22,7 @@ from rldojo.config import RolloutConfig
 from rldojo.envs.base import EnvFactory
 from rldojo.graders.base import Grader
 from rldojo.policy.base import Policy
-from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
 from rldojo.rollout.groups import Group, make_groups, requests
 from rldojo.rollout.tasks import TaskSampler
 from rldojo.store.ledger import Ledger
@@ -58,7 +58,7 @@ def _add(timing: dict[str, float], key: str, seconds: float) -> None:
 
 
 class LocalGeneration:
-    """The policy, environments and grader of this process (`rldojo.rollout.engine`)."""
+    """The policy, environments and grader of this process (`rldojo.rollout.episodes`)."""
 
     def __init__(
         self, make_env: EnvFactory, policy: Policy, grader: Grader, cfg: RolloutConfig

@@ -24,7 +24,7 @@ from typing import Any
 from rldojo.envs.base import EpisodeDone
 from rldojo.graders.base import Grader
 from rldojo.policy.base import chat_template_ids
-from rldojo.rollout.engine import collect_rollouts
+from rldojo.rollout.episodes import collect_rollouts
 from rldojo.types import Completion, Message, Observation, Rollout, SamplingParams, StepResult, Task
 
 __all__ = ["ReplayEnv", "ScriptedPolicy", "conversation_rollout", "split_conversation"]

@@ -3,7 +3,7 @@
     GET  /v1/models, /v1/models/{id}   base models + the caller's succeeded fine-tunes and
                                        their checkpoints (`ft:…:ckpt-step-N`)
     POST /v1/chat/completions          any of them, through `rldojo serve`'s engine and
-                                       request handling (`rldojo.serve.app`)
+                                       request handling (`rldojo.inference.app`)
     POST /v1/completions               a raw prompt (no chat template)
     POST /v1/fine_tuning/alpha/graders/validate   {grader} -> {grader} or 400; with an
                                        `item` (and `model_sample`), also graded: a grader
@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from rldojo.serve.app import (
+from rldojo.inference.app import (
     ChatIn,
     chat_request,
     chat_response,
     invalid_combination,
     stream_response,
 )
-from rldojo.serve.engine import TransformersEngine
+from rldojo.inference.engine import TransformersEngine
 from rldojo.service.errors import ApiError, not_found
 from rldojo.service.judge import load_grader
 from rldojo.service.preflight import run_signal, signal_request

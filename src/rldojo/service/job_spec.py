@@ -26,7 +26,7 @@ whose judge table names the endpoint and `RLDOJO_JUDGE_API_KEY`, never the key
 (`rldojo.service.judge`).
 
 Supervised (`method.type = "supervised"`): `resolve_supervised` and `sft_config` map them
-onto the `[sft]` section (`rldojo sft`, `rldojo.train.sft.run_sft`):
+onto the `[sft]` section (`rldojo sft`, `rldojo.training.sft.run_sft`):
 
     n_epochs                 sft.epochs                                       auto: 3
     batch_size               sft.batch_size (examples per optimizer step)     auto: min(16, rows)

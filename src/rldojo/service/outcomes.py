@@ -6,7 +6,7 @@
                                  (`rldojo.service.results`), trained tokens, and an event
                                  saying how many steps carried learning signal
     FailureBudgetExceeded        `failed`, error code `grader_failures`: too many
-                                 rollouts could not be scored (`rldojo.train.stops`); the
+                                 rollouts could not be scored (`rldojo.training.stops`); the
                                  message is the exception's line
     RunInterrupted               the SIGTERM of a pause, honoured at a safe point: its
                                  line (the step, the checkpoint saved) as an event; a
@@ -38,7 +38,7 @@ __all__ = ["JobOutcomes", "one_line"]
 log = logging.getLogger("rldojo.service")
 
 STOPPED_CODES = {"FailureBudgetExceeded": "grader_failures"}
-"""Error codes of the run-stopping exceptions (`rldojo.train.stops`) that fail a job."""
+"""Error codes of the run-stopping exceptions (`rldojo.training.stops`) that fail a job."""
 
 
 def one_line(text: str, limit: int = 400) -> str:

@@ -159,7 +159,7 @@ def sample_signal(
     from rldojo.envs.base import SingleTurnEnv
     from rldojo.policy.models import load_model
     from rldojo.policy.transformers_backend import TransformersPolicy
-    from rldojo.rollout.engine import collect_rollouts, grade_rollouts
+    from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
     from rldojo.types import SamplingParams
 
     started = time.perf_counter()

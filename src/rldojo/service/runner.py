@@ -4,14 +4,14 @@ The scheduler calls these through `rldojo.workers` (a fresh interpreter in its o
 process group, which dies with the service); the console goes to `RUN/train.log`.
 
 `run_job(config_toml, run_dir, judge_api_key)`: a reinforcement job,
-`rldojo.train.loop.run_training`; the judge key (`--judge-api-key`) arrives as an
+`rldojo.training.loop.run_training`; the judge key (`--judge-api-key`) arrives as an
 argument and goes into the worker's environment, never into `config.toml`.
 A run directory that already holds `config.toml` is resumed from its newest checkpoint
 (a job re-queued after a restart, or resumed after a pause); the ledger means graded
 rollouts are not redone.
 
 `run_sft_job(config_toml, run_dir, name, validation)`: a supervised job,
-`rldojo.train.sft.run_sft` on `sft.data`, in the same run loop: a run directory that
+`rldojo.training.sft.run_sft` on `sft.data`, in the same run loop: a run directory that
 already holds `config.toml` is resumed from its newest checkpoint (a pause saves one), so
 a paused or re-queued supervised job goes on from where it stopped. With a
 validation file (`(path, name)`), the trained model's loss on it is written to
@@ -82,7 +82,7 @@ def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) ->
     of the config's grader spec says to read it (and the processes it starts inherit it)."""
     from rich.console import Console
 
-    from rldojo.train.loop import run_training
+    from rldojo.training.loop import run_training
 
     use_judge_key(judge_api_key)
     run = Path(run_dir)
@@ -107,7 +107,7 @@ def run_sft_job(
 
     from rldojo.data.loading import DataError
     from rldojo.service.sft_data import renamed, validation_loss
-    from rldojo.train.sft import run_sft
+    from rldojo.training.sft import run_sft
 
     run = Path(run_dir)
     config = config_of(config_toml)

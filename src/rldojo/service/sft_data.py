@@ -4,7 +4,7 @@ demonstrations.
 A row is ``{"messages": [{"role", "content"}, ...], "tools": [...] (optional)}`` with
 roles system, user, assistant and tool, and at least one assistant turn (the tokens the
 loss is on). `read_sft_rows(path, name)` checks every row up front through
-`rldojo.train.sft.read_demos` and raises `DataError` as ``"<name>:<line>: field ..."``
+`rldojo.training.sft.read_demos` and raises `DataError` as ``"<name>:<line>: field ..."``
 (the uploaded file's name, not where the service stored it). What OpenAI accepts and
 this service does not is refused the same way, never silently dropped:
 
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rldojo.data.loading import DataError, read_rows
-from rldojo.train.sft import Demo, read_demos
+from rldojo.training.sft import Demo, read_demos
 
 __all__ = ["read_sft_rows", "renamed", "validation_loss"]
 
@@ -98,8 +98,8 @@ def validation_loss(
 
     from rldojo.policy.device import resolve_device
     from rldojo.policy.models import load_model
-    from rldojo.train.batch import build_token_batch, completion_logits
-    from rldojo.train.sft import tokenize_demos
+    from rldojo.training.batch import build_token_batch, completion_logits
+    from rldojo.training.sft import tokenize_demos
 
     demos = read_sft_rows(path, name)
     model, tokenizer = load_model(checkpoint)

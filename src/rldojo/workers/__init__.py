@@ -9,8 +9,8 @@ The bottom layer under code that must not take the trainer down with it (only st
 - `child`: the worker's own main loop, in a fresh interpreter;
 - `spawn`: how that interpreter is started (its environment, and where its output goes).
 
-Its users: grader isolation (`rldojo.graders.isolation`: one call per worker at a time,
-math-verify and user graders) and environment workers (`rldojo.rollout.env_workers`:
+Its users: grader isolation (`rldojo.workers.isolation`: one call per worker at a time,
+math-verify and user graders) and environment workers (`rldojo.rollout.env_pool`:
 many async episodes per worker, replayed when their worker dies).
 """
 

@@ -9,7 +9,7 @@ Backends (`JudgeBackend`):
                     llama.cpp's servers, `rldojo serve`, hosted APIs): a concurrency limit,
                     retries with exponential backoff on transport errors (connection,
                     timeout, 429, 5xx), a per-call timeout. 4xx errors are not retried.
-    `EngineJudge`   a `rldojo.serve` engine called in-process: `TransformersEngine` (a
+    `EngineJudge`   a `rldojo.inference` engine called in-process: `TransformersEngine` (a
                     local transformers model, batched) or `ScriptedEngine` (tests).
 
 `JudgeClient` is what graders hold: the backend plus the persistent cache
@@ -212,7 +212,7 @@ class OpenAIJudge:
 
 
 class EngineJudge:
-    """A `rldojo.serve` engine (`TransformersEngine`, `ScriptedEngine`) called in-process."""
+    """A `rldojo.inference` engine (`TransformersEngine`, `ScriptedEngine`) called in-process."""
 
     kind = "in-process"
 
@@ -222,7 +222,7 @@ class EngineJudge:
         self._owns = owns_engine
 
     async def complete(self, request: JudgeRequest) -> str:
-        from rldojo.serve.engine import ChatRequest
+        from rldojo.inference.engine import ChatRequest
 
         try:
             result = await self.engine.chat(

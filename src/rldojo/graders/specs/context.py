@@ -206,7 +206,7 @@ def make_backend(config: Mapping[str, Any], path: str) -> JudgeBackend:
     if not isinstance(model, str) or not model:
         raise GraderSpecError(f"{path}.model: missing (the judge model's name)")
     if backend == "transformers":
-        from rldojo.serve.engine import TransformersEngine
+        from rldojo.inference.engine import TransformersEngine
 
         engine = TransformersEngine(
             model,

@@ -56,7 +56,7 @@ def make_embedder(config: Mapping[str, Any], path: str) -> Any:
     check_keys(config, ("backend", "base_url", "model", "api_key"), path)
     model = require(config, "model", str, path)
     if config.get("backend") == "transformers":
-        from rldojo.serve.engine import TransformersEngine
+        from rldojo.inference.engine import TransformersEngine
 
         return _EngineEmbedder(TransformersEngine(model))
     base_url = require(config, "base_url", str, path)

@@ -1,0 +1,1 @@
+"""arith-v1: arithmetic word problems at levels of difficulty, graded by the number."""

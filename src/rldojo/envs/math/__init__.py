@@ -1,0 +1,1 @@
+"""math-v1: math problems from a file or dataset, graded with math-verify."""

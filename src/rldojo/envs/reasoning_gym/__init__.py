@@ -1,0 +1,1 @@
+"""reasoning-gym-v1: the procedurally generated tasks of the reasoning-gym package."""

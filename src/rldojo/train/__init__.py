@@ -1,1 +1,0 @@
-"""rldojo.train."""

@@ -1,0 +1,300 @@
+"""Distillation: train a small student towards a teacher's per-token distributions.
+
+For small students RL is often the wrong tool: when the model rarely solves a task, most
+GRPO groups carry no signal, while a teacher gives a dense target at every token. The
+loss is a KL divergence per policy token, over the whole vocabulary:
+
+    forward  KL(teacher || student) = Σ_v p_t (log p_t - log p_s)   mean-seeking; the
+             classic soft-label KD (Hinton et al. 2015), usually on teacher sequences;
+    reverse  KL(student || teacher) = Σ_v p_s (log p_s - log p_t)   mode-seeking; with
+             student-generated sequences this is on-policy distillation (GKD, Agarwal
+             et al. 2024; MiniLLM, Gu et al. 2024), which removes the train/test mismatch
+             of learning only on the teacher's prefixes.
+
+Both distributions are softened by `kd_temperature` τ and the loss is scaled by τ² so
+its gradient keeps its size (Hinton et al.). Sequences are sampled each step from the
+teacher (`sequences="teacher"`) or from the current student (`"student"`). Teacher and
+student must share a tokenizer (e.g. the SmolLM2 family).
+
+`run_distill(config)` is what `rldojo distill` calls: the objective `DistillObjective` in
+the run loop of `rldojo train` (`rldojo.training.loop`), so distillation has the run
+directory, resume, checkpoints, LoRA (`model.lora`), precision, budgets, interrupts,
+evaluations and callbacks RL has. The student is `[model]`, the teacher and the loss
+`[distill]` (`rldojo.config.distill`); prompts from `[env]`'s train tasks, shuffled with
+`run.seed`, `rollout.prompts_per_step` a step, one sample each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from rich.console import Console
+from torch import Tensor
+
+from rldojo.config import TrainConfig, dump_config
+from rldojo.eval.harness import EvalResult
+from rldojo.policy import models
+from rldojo.policy.lora import trainable_parameters
+from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
+from rldojo.policy.transformers_backend import TransformersPolicy
+from rldojo.rollout.episodes import collect_rollouts
+from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rldojo.store.files import write_atomically
+from rldojo.training.batch import TokenBatch, build_token_batch, completion_logits
+from rldojo.training.callbacks import Callback
+from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
+from rldojo.training.loop import new_run_dir, run_loop, with_console
+from rldojo.training.preflight import build_mixture, pass_threshold
+from rldojo.training.resources import resolve_resources
+from rldojo.training.stops import RunStopped
+from rldojo.training.trainer import lr_lambda, seed_everything
+from rldojo.training.update import clipped_step, forward_context
+from rldojo.types import Rollout, SamplingParams
+
+__all__ = ["DistillObjective", "run_distill", "token_kl"]
+
+Divergence = Literal["forward", "reverse"]
+
+
+def token_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor,
+    *,
+    divergence: Divergence = "forward",
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+) -> tuple[Tensor, Tensor]:
+    """Summed KL over masked tokens, and the per-token KL (detached).
+
+    `student_logits` [M, T, V] (with grad), `teacher_logits` [M, T, V'] (V' >= V is cut
+    to V: padded vocabularies), `mask` [M, T] bool. Rows are processed `chunk_size`
+    masked tokens at a time in fp32. Returns `(loss_sum [], kl [M, T])`; divide the sum
+    by the token count of the whole batch. The sum includes the τ² factor; `kl` does not.
+    """
+    if divergence not in ("forward", "reverse"):
+        raise ValueError(f"divergence must be 'forward' or 'reverse', got {divergence!r}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    mask = mask.bool()  # [M, T]
+    vocab = student_logits.shape[-1]
+    s_rows = student_logits[mask]  # [N, V]
+    t_rows = teacher_logits[..., :vocab][mask].detach()  # [N, V]
+    per_token = []
+    for start in range(0, s_rows.shape[0], chunk_size):
+        ls = torch.log_softmax(s_rows[start : start + chunk_size].float() / temperature, -1)
+        lt = torch.log_softmax(t_rows[start : start + chunk_size].float() / temperature, -1)
+        if divergence == "forward":
+            kl = (lt.exp() * (lt - ls)).sum(-1)  # [C]
+        else:
+            kl = (ls.exp() * (ls - lt)).sum(-1)  # [C]
+        per_token.append(kl)
+    flat = torch.cat(per_token) if per_token else s_rows.new_zeros(0, dtype=torch.float32)  # [N]
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)  # [M, T]
+    out[mask] = flat.detach()
+    return flat.sum() * temperature**2, out
+
+
+def _check_tokenizers(teacher_tok: Any, student_tok: Any) -> None:
+    if len(teacher_tok) != len(student_tok) or teacher_tok.get_vocab() != student_tok.get_vocab():
+        raise ValueError(
+            "teacher and student tokenizers differ; token-level distillation needs a "
+            f"shared vocabulary ({len(teacher_tok)} vs {len(student_tok)} tokens)"
+        )
+
+
+def run_distill(
+    config: TrainConfig,
+    *,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    callbacks: Sequence[Callback] = (),
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Distil `distill.teacher` into `config.model`; returns the summary (also written to
+    RUN/summary.json). The run directory rules, interrupts and resume are the run loop's
+    (`rldojo.training.loop.run_loop`)."""
+    run_dir = run_dir or new_run_dir(config)
+    return run_loop(
+        lambda: DistillObjective(config, run_dir, resume=resume), config, run_dir,
+        command="distill", resume=resume, overwrite=overwrite,
+        callbacks=with_console(callbacks, console),
+    )  # fmt: skip
+
+
+class DistillObjective:
+    """Token KL towards the teacher on sequences the teacher or the student samples."""
+
+    command = "distill"
+    kind = "distill"
+    summary_keys = ("model", "teacher", "env", "steps", "kl_first", "kl_last",
+                    "accuracy_before", "accuracy_after", "checkpoint", "wall_s")  # fmt: skip
+
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+        cfg, self.precision, self.threads = resolve_resources(config)
+        self.config, self.run_dir, d = cfg, run_dir, cfg.distill
+        self.mixture = build_mixture(cfg)  # env ids and kwargs checked
+        checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+        models.check_model(cfg.model.name)
+        models.check_model(d.teacher)
+        check_training_model(cfg.model, checkpoint, cfg.run.cluster)
+        seed_everything(cfg.run.seed, cfg.run.deterministic)
+        self.device = torch.device(self.precision.device)
+        self.model, self.tokenizer = load_training_model(
+            cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
+        )  # late-bound: tests replace `load_model`
+        teacher, teacher_tok = models.load_model(d.teacher)
+        _check_tokenizers(teacher_tok, self.tokenizer)
+        self.teacher = teacher.to(self.device).eval().requires_grad_(False)
+        self.tasks = [t for slot in self.mixture.slots.values() for t in slot.train_tasks]
+        random.Random(cfg.run.seed).shuffle(self.tasks)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(run_dir / "config.toml", dump_config(cfg))
+        gen_dtype = self.precision.torch_generation_dtype()
+        self.policy = make_policy(cfg, self.model, self.tokenizer, gen_dtype)  # the student's
+        teacher = TransformersPolicy(self.teacher, self.tokenizer, generation_dtype=gen_dtype)
+        self.sampler = self.policy if d.sequences == "student" else teacher
+        self.total_steps = cfg.run.steps
+        self._optimizer(checkpoint)
+        self.threshold = pass_threshold(cfg, self.mixture)
+        self.grader = self.mixture.grader()
+        self.over_budget: RunStopped | None = None
+        self._loop = asyncio.new_event_loop()  # one for the run's life: grader pools bind
+
+    def _optimizer(self, checkpoint: Path | None) -> None:
+        """AdamW (fused, as rldojo train's) and `optim`'s schedule; restored from `checkpoint`."""
+        o = self.config.optim
+        self.params = trainable_parameters(self.model)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=True
+        )
+        total = self.total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: lr_lambda(k, o.warmup_steps, total, o.schedule)
+        )
+        self.step_num = 0
+        self.evals: dict[str, dict[str, Any]] = {}
+        self.kl_first: float | None = None
+        self.kl_last: float | None = None
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
+            self.step_num, self.evals = int(state["step"]), state.get("evals", {})
+            self.kl_first, self.kl_last = state.get("kl_first"), state.get("kl_last")
+
+    def header(self) -> list[str]:
+        d = self.config.distill
+        return [
+            f"[bold]rldojo distill[/] {d.teacher} -> {self.config.model.name} on "
+            f"{self.config.env.id} ({d.divergence} KL, {d.sequences} sequences) -> {self.run_dir}",
+            f"precision: {self.precision.describe()}",
+            f"threads: {self.threads.describe()}",
+        ]
+
+    def preflight(self) -> RunStopped | None:
+        return None
+
+    def evaluates(self, label: str) -> bool:
+        return self.config.eval.tasks > 0 and (label != "before" or self.config.eval.before)
+
+    def _rollouts(self) -> list[Rollout]:
+        """This step's sequences: one sample per prompt from the generating model."""
+        cfg, n = self.config, self.config.rollout.prompts_per_step
+        chosen = [self.tasks[(self.step_num * n + i) % len(self.tasks)] for i in range(n)]
+        seed = cfg.run.seed * 1_000_003 + self.step_num
+        s = cfg.sampling
+        sampling = SamplingParams(s.max_new_tokens, s.temperature, s.top_p, tuple(s.stop), seed)
+        requests = [(t, 0, seed + i) for i, t in enumerate(chosen)]
+        ro = cfg.rollout
+        rollouts = self._loop.run_until_complete(collect_rollouts(
+            self.mixture.make_env_for, self.sampler, requests, sampling,
+            env_timeout_s=ro.env_timeout_s, max_turns=ro.max_turns,
+            max_episode_tokens=ro.max_episode_tokens,
+        ))  # fmt: skip
+        return [r for r in rollouts if r.trainable]
+
+    def step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        rollouts = self._rollouts()
+        metrics: dict[str, Any] = {"distill/sequences": len(rollouts)}
+        if rollouts:
+            batch = build_token_batch(rollouts, self.tokenizer.pad_token_id)
+            metrics |= self._train_on(batch)
+            self.kl_first = metrics["loss/kl"] if self.kl_first is None else self.kl_first
+            self.kl_last = metrics["loss/kl"]
+            if self.config.distill.sequences == "student":
+                self.policy.update_weights()
+        else:
+            metrics["train/skipped"] = 1  # no episode produced a sequence to train on
+        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.step_num += 1
+        metrics["time/step"] = time.perf_counter() - t0
+        return metrics
+
+    def _train_on(self, batch: TokenBatch) -> dict[str, Any]:
+        cfg, d = self.config, self.config.distill
+        tokens = max(int(batch.policy_mask.sum()), 1)
+        batch = batch.to(self.device)
+        autocast = partial(forward_context, cfg, self.model, self.device)
+        total = 0.0
+        for start in range(0, batch.size, cfg.optim.micro_batch_size):
+            mb = batch.rows(slice(start, start + cfg.optim.micro_batch_size))
+            with torch.no_grad(), autocast():
+                t_logits = completion_logits(self.teacher, mb, share_prefix=False)  # [M, T, V']
+            with autocast():
+                s_logits = completion_logits(self.model, mb, share_prefix=False)  # [M, T, V]
+            loss_sum, _ = token_kl(
+                s_logits, t_logits, mb.policy_mask,
+                divergence=d.divergence, temperature=d.kd_temperature,
+            )  # fmt: skip
+            (loss_sum / tokens).backward()
+            total += float(loss_sum.detach())
+        grad_norm, stepped = clipped_step(self.optimizer, self.params, cfg.optim.grad_clip)
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss/kl": total / tokens, "optim/grad_norm": float(grad_norm), "tokens": tokens,
+                "optim/nonfinite_skipped": float(not stepped)}  # fmt: skip
+
+    def after_step(self, metrics: dict[str, Any]) -> list[str]:
+        return []
+
+    def step_line(self, step: int, m: dict[str, Any]) -> str:
+        if "loss/kl" not in m:
+            return f"step {step:>3} no sequence to train on (every episode failed)"
+        return (f"step {step:>3} KL/token {m['loss/kl']:.4f} tokens {m['tokens']} "
+                f"grad {m['optim/grad_norm']:.2f} {m['time/step']:.1f}s")  # fmt: skip
+
+    def evaluate(self, label: str) -> EvalResult:
+        self.policy.update_weights(None)  # the sampler sees the trained weights
+        tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
+        result = heldout_eval(self.config, self.mixture.make_env_for, self.grader, self.policy,
+                              tasks, self.threshold, self._loop)  # fmt: skip
+        self.evals[label] = eval_record(result)
+        return result
+
+    def save(self) -> Path:
+        state = {"distill": True, "evals": self.evals, "kl_first": self.kl_first,
+                 "kl_last": self.kl_last}  # fmt: skip
+        return save_checkpoint(
+            self.run_dir / "checkpoints", model=self.model, tokenizer=self.tokenizer,
+            optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num, state=state,
+        )  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        d = self.config.distill
+        return {"model": self.config.model.name, "teacher": d.teacher, "env": self.config.env.id,
+                "divergence": d.divergence, "sequences": d.sequences, "kl_first": self.kl_first,
+                "kl_last": self.kl_last, "precision": self.precision.as_dict()}  # fmt: skip
+
+    def close(self) -> None:
+        close = getattr(self.grader, "close", None)
+        if close is not None and asyncio.iscoroutine(result := close()):
+            self._loop.run_until_complete(result)
+        self._loop.close()

@@ -1,0 +1,291 @@
+"""The run loop: evaluate, step, checkpoint, evaluate, summarise — for every objective.
+
+`run_loop(build_objective, ...)` runs an objective (`rldojo.training.objective`: GRPO, SFT
+or distillation) the same way: the run directory guard and resume rules, the "before"
+evaluation, steps to `total_steps` (or `run.max_minutes`, a signal, a callback's
+`should_stop`, the failure budget), evaluations every `eval.every` steps, checkpoints
+every `run.checkpoint_every` steps and at the end, "after", `summary.json`. It prints
+nothing: what it says goes to its callbacks (`rldojo.training.callbacks`), `metrics.jsonl`
+and the trackers included. `run_training` is what `rldojo train` calls. The layout:
+
+    RUN/config.toml        the config as used (after --set overrides)
+    RUN/metrics.jsonl      one JSON object per step ("kind": "train") and per evaluation
+                           ("kind": "eval"); also the `run.report_to` sinks:
+                           RUN/tensorboard/, RUN/wandb/, RUN/mlflow.db and
+                           RUN/mlflow-artifacts/, their run ids in RUN/trackers.json
+    RUN/samples.jsonl      a few graded samples per step (prompt, completion, reward and
+                           its components, status), for reading
+    RUN/ledger.sqlite      every graded rollout (durable, before training on it)
+    RUN/checkpoints/       step_NNNNNN/ (safetensors + optimizer + RNG + step)
+    RUN/evals/LABEL.jsonl  per held-out task of an evaluation ("before", "after",
+                           "step_K"): task id, passed, value, status; runs evaluated on
+                           the same tasks pair by task id (`benchmarks/agentic_pipeline.py`)
+    RUN/summary.json       held-out accuracy before/after, timings, `stopped`: "steps"
+                           (`run.steps` reached), "max_minutes" (`run.max_minutes` spent),
+                           "failures" (the failure budget, `rldojo.training.failures`) or
+                           "interrupted" (SIGINT/SIGTERM, `rldojo.training.interrupts`)
+    RUN/config_history.jsonl  each start and resume, with the config keys it changed
+
+A directory that holds a run is never written into by a new run (`rldojo.store.run_dir`).
+Resuming (`--resume RUN`) continues from the newest checkpoint; everything a step logs,
+evaluations included, is written before that step's checkpoint, so the log lines of later
+steps are dropped on resume and written again as those steps are redone, from the
+rollouts the ledger already holds (each step line says how many it reused).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from rldojo.config import TrainConfig, load_config
+from rldojo.report.metrics import MetricsLogger
+from rldojo.store.checkpoint import latest_checkpoint
+from rldojo.store.files import write_atomically
+from rldojo.store.run_dir import RunDirError, claim_run_dir, record_config_change, resume_changes
+from rldojo.training.callbacks import Callback, CallbackList, ConsoleCallback, MetricsCallback
+from rldojo.training.heldout import save_eval_rows
+from rldojo.training.interrupts import Interrupts
+from rldojo.training.objective import Objective
+from rldojo.training.stops import FailureBudgetExceeded, RunInterrupted
+
+__all__ = ["new_run_dir", "run_loop", "run_training"]
+
+
+def new_run_dir(config: TrainConfig) -> Path:
+    name = config.run.name or datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(config.run.output_dir) / name
+
+
+def run_training(
+    config: TrainConfig,
+    *,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    force: bool = False,
+    callbacks: Sequence[Callback] = (),
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Train per `config` with forking-token GRPO; returns the summary (also written to
+    RUN/summary.json). `console`: print as `rldojo train` does (a `ConsoleCallback`)."""
+    from rldojo.training.grpo import GrpoObjective
+
+    run_dir = run_dir or new_run_dir(config)
+    return run_loop(
+        lambda: GrpoObjective(config, run_dir, resume=resume), config, run_dir,
+        command="train", resume=resume, overwrite=overwrite, force=force,
+        callbacks=with_console(callbacks, console),
+    )  # fmt: skip
+
+
+def with_console(callbacks: Sequence[Callback], console: Console | None) -> list[Callback]:
+    """`callbacks`, plus a console callback printing to `console` when one is given."""
+    return [*callbacks, *([ConsoleCallback(console)] if console is not None else [])]
+
+
+def run_loop(
+    build: Callable[[], Objective],
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    command: str,
+    resume: bool = False,
+    overwrite: bool = False,
+    force: bool = False,
+    callbacks: Sequence[Callback] = (),
+) -> dict[str, Any]:
+    """Run the objective `build()` makes; returns the summary (also RUN/summary.json).
+
+    A directory that holds a run is refused unless `resume` (then a config that changes
+    what its rollouts mean is refused unless `force`) or `overwrite` (the old run is
+    moved aside). `build` checks every input before it writes anything. Raises
+    `FailureBudgetExceeded` or `RunInterrupted` (`rldojo.training.stops`) after writing the
+    summary, when the run stopped for either."""
+    say = CallbackList(callbacks)
+    changes = _claim(config, run_dir, command=command, resume=resume, overwrite=overwrite,
+                     force=force, say=say.on_message)  # fmt: skip
+    started = time.perf_counter()
+    objective = build()
+    record_config_change(run_dir, "resume" if resume else "start", changes)
+    if resume:  # the steps after the checkpoint are redone, and logged again
+        resumed = latest_checkpoint(run_dir / "checkpoints") is not None
+        _trim_logs(run_dir, objective.step_num if resumed else None)
+    logger = MetricsLogger(run_dir, report_to=config.run.report_to,
+                           resume_step=objective.step_num if resume else None,
+                           config=config.model_dump(mode="json"))  # fmt: skip
+    calls = CallbackList([MetricsCallback(logger, kind=objective.kind), *callbacks])
+    for c in callbacks:
+        if isinstance(c, ConsoleCallback):
+            c.step_line, c.summary_keys = objective.step_line, objective.summary_keys
+    calls.on_start({"command": command, "run_dir": run_dir, "step": objective.step_num,
+                    "total_steps": objective.total_steps, "lines": objective.header()})  # fmt: skip
+    run = _Run(config, objective, calls, started)
+    with Interrupts(calls.on_message) as interrupts:
+        run.interrupts = interrupts
+        try:
+            return run.go()
+        finally:
+            logger.close()
+            objective.close()
+
+
+class _Run:
+    """One invocation of the loop: the objective, its callbacks, the signal handlers."""
+
+    def __init__(self, config: TrainConfig, objective: Objective, calls: CallbackList,
+                 started: float) -> None:  # fmt: skip
+        self.config, self.objective, self.calls, self.started = config, objective, calls, started
+        self.interrupts: Interrupts
+
+    def go(self) -> dict[str, Any]:
+        obj = self.objective
+        try:
+            stopped = self._run()
+            summary = self._finish(stopped)
+            if stopped == "interrupted":
+                raise self._interrupted_error()
+            return summary
+        except KeyboardInterrupt:  # a signal during an evaluation, or a second one
+            if not self.interrupts.aborted and obj.step_num > 0:  # its last step is committed
+                self._finish("interrupted")
+            raise self._interrupted_error(aborted=self.interrupts.aborted) from None
+        except FailureBudgetExceeded:
+            self._finish("failures")
+            raise
+
+    def _evaluate(self, label: str) -> None:
+        obj = self.objective
+        with self.interrupts.immediate():
+            result = obj.evaluate(label)
+        save_eval_rows(obj.run_dir, label, result)
+        self.calls.on_eval(label, obj.step_num, result)
+
+    def _run(self) -> str:
+        """Evaluate before, train, evaluate after; which stopped the steps."""
+        obj = self.objective
+        start = obj.step_num
+        if start == 0 and (stop := obj.preflight()) is not None:
+            raise stop
+        if obj.evaluates("before") and "before" not in obj.evals:
+            self._evaluate("before")
+        stopped = self._steps()
+        # Evaluated before the final checkpoint, which keeps the result: a run resumed
+        # from that checkpoint has nothing left to do (and logs nothing twice).
+        if (stopped != "interrupted" and obj.evaluates("after")
+                and (obj.step_num > start or "after" not in obj.evals)):  # fmt: skip
+            self._evaluate("after")
+        return stopped
+
+    def _steps(self) -> str:
+        """Step to `total_steps`, or until `run.max_minutes` is spent, a signal or a
+        callback asks to stop; which stopped it ("steps", "max_minutes", "interrupted",
+        "callback"). Raises the failure budget's stop after logging the step that spent it."""
+        obj, calls, run = self.objective, self.calls, self.config.run
+        budget = None if run.max_minutes is None else 60 * run.max_minutes
+        started = time.perf_counter()
+        with calls.live():
+            while obj.step_num < obj.total_steps:
+                metrics = obj.step()
+                calls.on_step_end(obj.step_num, metrics)
+                for line in obj.after_step(metrics):
+                    calls.on_message(line)
+                if obj.over_budget is not None:
+                    raise obj.over_budget
+                if self.interrupts.requested is not None:
+                    return "interrupted"
+                spent = budget is not None and time.perf_counter() - started >= budget
+                asked = calls.should_stop()
+                last = obj.step_num >= obj.total_steps or spent or asked  # then "after"
+                every = self.config.eval.every
+                if every and obj.step_num % every == 0 and not last and obj.evaluates("every"):
+                    self._evaluate(f"step_{obj.step_num}")
+                every = run.checkpoint_every  # after the step's logs and evaluation
+                if every and obj.step_num % every == 0 and not last:
+                    calls.on_checkpoint(obj.save())
+                if obj.step_num >= obj.total_steps:
+                    break
+                if spent:
+                    calls.on_message(f"run.max_minutes = {run.max_minutes:g} spent: "
+                                     f"stopping after step {obj.step_num}")  # fmt: skip
+                    return "max_minutes"
+                if asked:
+                    calls.on_message(f"a callback asked to stop: stopping after step "
+                                     f"{obj.step_num}")  # fmt: skip
+                    return "callback"
+        return "steps"
+
+    def _finish(self, stopped: str) -> dict[str, Any]:
+        """Checkpoint (unless the failure budget stopped the run: the checkpoints it has
+        are kept), write the summary, hand it to the callbacks."""
+        obj = self.objective
+        if stopped != "failures":
+            self.calls.on_checkpoint(obj.save())
+        summary = {"command": obj.command, **obj.summary(), "steps": obj.step_num,
+                   "accuracy_before": obj.evals.get("before", {}).get("accuracy"),
+                   "accuracy_after": obj.evals.get("after", {}).get("accuracy"),
+                   "evals": obj.evals, "wall_s": time.perf_counter() - self.started,
+                   "run_dir": str(obj.run_dir), "stopped": stopped}  # fmt: skip
+        newest = latest_checkpoint(obj.run_dir / "checkpoints")
+        summary["checkpoint"] = None if newest is None else str(newest)
+        (obj.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.calls.on_end(summary)
+        return summary
+
+    def _interrupted_error(self, *, aborted: bool = False) -> RunInterrupted:
+        """The one line of an interrupted run: where it stopped, what was saved, how to go on."""
+        obj = self.objective
+        newest = latest_checkpoint(obj.run_dir / "checkpoints")
+        name = newest.name if newest is not None else None
+        saved = "nothing saved" if name is None else (
+            f"last checkpoint {name}" if aborted else f"checkpoint {name}")  # fmt: skip
+        how = "aborted" if aborted else "interrupted"
+        message = (f"{how} at step {obj.step_num}; {saved}; resume with: "
+                   f"rldojo {obj.command} --resume {obj.run_dir}")  # fmt: skip
+        return RunInterrupted(message, step=obj.step_num, checkpoint=name)
+
+
+def _claim(config: TrainConfig, run_dir: Path, *, command: str, resume: bool, overwrite: bool,
+           force: bool, say: Callable[[str], None]) -> dict[str, tuple[Any, Any]]:  # fmt: skip
+    """Check (or make) the run directory before anything starts; the config keys a resume
+    changes. Raises `RunDirError` (one line) when the directory cannot be used."""
+    moved = claim_run_dir(run_dir, command=command, resume=resume, overwrite=overwrite)
+    if moved is not None:
+        say(f"--overwrite: the run that was in {run_dir} is now in {moved}")
+    if not resume:
+        return {}
+    stored = load_config(run_dir / "config.toml").model_dump(mode="json")
+    meaning, harmless = resume_changes(stored, config.model_dump(mode="json"))
+    said = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in {**meaning, **harmless}.items())
+    if meaning and not force:
+        raise RunDirError(
+            f"{run_dir}: resuming with this config would change what its ledger's rollouts "
+            f"mean: {said}; start a new run (another run.name), or --force to resume anyway"
+        )
+    if said:
+        say(f"resume: config changes {said} (config_history.jsonl)")
+    return {**meaning, **harmless}
+
+
+def _trim_logs(run_dir: Path, step: int | None) -> None:
+    """Keep the lines of `metrics.jsonl` and `samples.jsonl` up to `step` (None: none),
+    dropping a line a crash cut short; each file is replaced whole."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = run_dir / name
+        if not path.exists():
+            continue
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if step is not None and record.get("step", 0) <= step:
+                kept.append(line + "\n")
+        write_atomically(path, "".join(kept))

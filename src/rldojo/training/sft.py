@@ -1,0 +1,329 @@
+"""Supervised fine-tuning on demonstrations: the cold start before RL.
+
+`run_sft(config, data)` is what `rldojo sft` calls. A demonstration is one conversation
+(`rldojo demos` writes them: an expert's or a teacher's episode, with the environment's
+real observations). Each is replayed through the rollout engine
+(`rldojo.rollout.replay.conversation_rollout`), so SFT sees exactly the tokens and the
+mask an RL rollout of the same text has: the loss is on the assistant's tokens only (the
+content and its end-of-turn token); the prompt, tool results, environment turns and the
+chat template's text between turns are masked.
+
+Per optimizer step `sft.batch_size` demonstrations (shuffled per epoch with `run.seed`),
+sorted by length and cut into micro-batches of `optim.micro_batch_size` rows (length
+bucketing: little padding), gradients accumulated; the loss is the mean negative
+log-likelihood over the step's assistant tokens. The output layer runs at those tokens
+alone where the model allows it (`rldojo.training.batch.selected_logits`).
+
+It runs in the run loop of `rldojo train` (`rldojo.training.loop`, objective `SftObjective`):
+resume (`--resume RUN`: the same schedule from the checkpoint's step), checkpoints every
+`run.checkpoint_every` steps, `run.max_minutes`, evaluations every `eval.every` steps,
+interrupts, trackers and callbacks work as they do for RL. The run directory
+(`run.output_dir`/`run.name`), the layout of `rldojo train`'s:
+
+    RUN/config.toml      the config as used
+    RUN/metrics.jsonl    one record per step (kind "sft": sft/loss, sft/tokens, ...)
+                         and per evaluation (kind "eval", label "before" / "after")
+    RUN/evals/LABEL.jsonl  per held-out task: task id, passed, value, status
+    RUN/checkpoints/step_N/  the checkpoint format of `rldojo train`: start RL from it
+                         with `--set model.name=RUN/checkpoints/step_N` (under LoRA it
+                         holds the adapter: `rldojo export ... --merge` first)
+    RUN/summary.json     demonstrations used and left out, loss first/last, accuracies,
+                         `turn_budget` (the longest assistant turn; demonstrations with a
+                         turn over `sampling.max_new_tokens` / `eval.max_new_tokens`, which
+                         RL and the evaluations would cut: warned at the start)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from rldojo.config import TrainConfig, dump_config, load_config
+from rldojo.data.loading import DataError
+from rldojo.eval.harness import EvalResult
+from rldojo.policy import models
+from rldojo.policy.lora import trainable_parameters
+from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
+from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rldojo.store.files import write_atomically
+from rldojo.training.batch import (
+    build_token_batch,
+    completion_logits,
+    selected_logits,
+    splits_output_layer,
+)
+from rldojo.training.callbacks import Callback
+from rldojo.training.demo_data import (
+    Demo,
+    assistant_turn_tokens,
+    read_demos,
+    tokenize_demos,
+    turn_budget,
+)
+from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
+from rldojo.training.loop import new_run_dir, run_loop, with_console
+from rldojo.training.preflight import build_mixture, pass_threshold
+from rldojo.training.resources import resolve_resources
+from rldojo.training.stops import RunStopped
+from rldojo.training.trainer import lr_lambda, seed_everything
+from rldojo.training.update import clipped_step, forward_context
+from rldojo.types import Rollout
+
+__all__ = [
+    "Demo",
+    "SftObjective",
+    "assistant_turn_tokens",
+    "read_demos",
+    "run_sft",
+    "sft_schedule",
+    "sft_step",
+    "tokenize_demos",
+]
+
+
+def sft_schedule(
+    lengths: Sequence[int], *, batch_size: int, micro_batch_size: int, epochs: int, seed: int
+) -> list[list[list[int]]]:
+    """Optimizer steps, each a list of micro-batches of demonstration indices: shuffled
+    per epoch, then within a step sorted by length (longest first) and cut."""
+    rng = random.Random(seed)
+    steps: list[list[list[int]]] = []
+    for _ in range(epochs):
+        order = list(range(len(lengths)))
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            chunk = sorted(order[start : start + batch_size], key=lambda i: -lengths[i])
+            steps.append(
+                [chunk[i : i + micro_batch_size] for i in range(0, len(chunk), micro_batch_size)]
+            )
+    return steps
+
+
+def sft_step(
+    model: Any,
+    rollouts: Sequence[Rollout],
+    micro_batches: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    autocast: Callable[[], Any],
+) -> tuple[float, int]:
+    """Accumulate the gradient of one step's mean assistant-token NLL (no optimizer step);
+    `autocast` makes each forward's precision context. Returns `(loss, assistant tokens)`."""
+    total = sum(sum(rollouts[i].policy_mask) for mb in micro_batches for i in mb)
+    device = next(model.parameters()).device
+    loss_sum = torch.zeros((), device=device)
+    split = splits_output_layer(model)
+    for mb in micro_batches:
+        batch = build_token_batch([rollouts[i] for i in mb], pad_id).to(device)
+        where = batch.policy_mask  # [M, T]
+        with autocast():
+            if split:
+                logits = selected_logits(model, batch, where, share_prefix=False)  # [N, V]
+            else:
+                logits = completion_logits(model, batch, share_prefix=False)[where]  # [N, V]
+        nll = torch.nn.functional.cross_entropy(
+            logits.float(), batch.completion_ids[where], reduction="sum"
+        )
+        (nll / max(total, 1)).backward()
+        loss_sum += nll.detach()
+    return float(loss_sum) / max(total, 1), total
+
+
+def run_sft(
+    config: TrainConfig,
+    data: str | os.PathLike[str] | None = None,
+    *,
+    run_dir: Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    callbacks: Sequence[Callback] = (),
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Fine-tune `config.model` on the demonstrations (`data`, else `sft.data`; a resume
+    reads the run's own); returns the summary (also RUN/summary.json). Every input is
+    checked before the run directory is written; the run directory rules, interrupts and
+    resume are the run loop's (`rldojo.training.loop.run_loop`)."""
+    run_dir = run_dir or new_run_dir(config)
+    path = str(data or config.sft.data or "")
+    if resume and not path and (run_dir / "config.toml").exists():
+        path = load_config(run_dir / "config.toml").sft.data or ""
+    if not path:
+        raise DataError("sft.data", None, "no demonstrations: pass --data FILE or set sft.data")
+    # The file as used is part of the config: config.toml records it, a resume reads it.
+    config = config.model_copy(update={"sft": config.sft.model_copy(update={"data": path})})
+    return run_loop(
+        lambda: SftObjective(config, run_dir, resume=resume), config, run_dir,
+        command="sft", resume=resume, overwrite=overwrite,
+        callbacks=with_console(callbacks, console),
+    )  # fmt: skip
+
+
+class SftObjective:
+    """Assistant-token NLL on demonstrations, one `sft_schedule` step at a time."""
+
+    command = "sft"
+    kind = "sft"
+    summary_keys = ("model", "data", "demonstrations", "steps", "loss_first", "loss_last",
+                    "accuracy_before", "accuracy_after", "checkpoint", "wall_s")  # fmt: skip
+
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+        cfg, self.precision, self.threads = resolve_resources(config)
+        if not cfg.sft.lora:  # a full-weight cold start; RL adds the adapters to its checkpoint
+            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
+        self.config, self.run_dir, s = cfg, run_dir, cfg.sft
+        self.data = str(s.data)
+        demos, not_passed = read_demos(self.data, only_passed=s.only_passed)
+        self.mixture = build_mixture(cfg) if cfg.eval.tasks else None  # env ids, kwargs checked
+        checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
+        models.check_model(cfg.model.name)
+        check_training_model(cfg.model, checkpoint, cfg.run.cluster)
+        seed_everything(cfg.run.seed, cfg.run.deterministic)
+        self.device = torch.device(self.precision.device)
+        self.model, self.tokenizer = load_training_model(
+            cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
+        )  # late-bound: tests replace `load_model`
+        demo_set = tokenize_demos(demos, self.tokenizer, max_seq_len=s.max_seq_len, path=self.data)
+        demo_set.skipped["not_passed"] += not_passed
+        if not demo_set.rollouts:
+            left = dict(demo_set.skipped)
+            raise DataError(self.data, None, f"no demonstration left to train on ({left})")
+        self.rollouts, self.skipped = demo_set.rollouts, dict(demo_set.skipped)
+        self.budget = turn_budget(cfg, self.rollouts)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(run_dir / "config.toml", dump_config(cfg))
+        self.schedule = sft_schedule(
+            [len(r.prompt_ids) + len(r.completion_ids) for r in self.rollouts],
+            batch_size=s.batch_size, micro_batch_size=cfg.optim.micro_batch_size,
+            epochs=s.epochs, seed=cfg.run.seed,
+        )  # fmt: skip
+        self.total_steps = len(self.schedule)
+        self._optimizer(checkpoint)
+        self.policy = make_policy(cfg, self.model, self.tokenizer,
+                                  self.precision.torch_generation_dtype())  # fmt: skip
+        self.threshold = pass_threshold(cfg, self.mixture) if self.mixture is not None else 1.0
+        self.grader = self.mixture.grader() if self.mixture is not None else None
+        self.over_budget: RunStopped | None = None
+        self._loop = asyncio.new_event_loop()  # one for every evaluation: grader pools bind
+
+    def _optimizer(self, checkpoint: Path | None) -> None:
+        """AdamW (fused, as rldojo train's) and the schedule; restored from `checkpoint`."""
+        cfg, s = self.config, self.config.sft
+        self.params = trainable_parameters(self.model)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=s.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
+            fused=True,
+        )  # fmt: skip
+        total = len(self.schedule)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: lr_lambda(k, s.warmup_steps, total, cfg.optim.schedule)
+        )
+        self.step_num, self.nonfinite = 0, 0
+        self.evals: dict[str, dict[str, Any]] = {}
+        self.loss_first: float | None = None
+        self.loss_last: float | None = None
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
+            self.step_num, self.evals = int(state["step"]), state.get("evals", {})
+            self.nonfinite = int(state.get("nonfinite_skipped", 0))
+            self.loss_first, self.loss_last = state.get("loss_first"), state.get("loss_last")
+
+    def header(self) -> list[str]:
+        lines = [
+            f"[bold]rldojo sft[/] {self.config.model.name} on {len(self.rollouts)} demonstrations "
+            f"from {self.data} -> {self.run_dir} (left out: {self.skipped or 'none'}); "
+            f"threads: {self.threads.describe()}",
+            f"precision: {self.precision.describe()}",
+        ]
+        b = self.budget
+        for key, over in b["demos_over"].items():
+            if over:
+                lines.append(
+                    f"[yellow]warning:[/] {over} of {len(self.rollouts)} demonstrations have an "
+                    f"assistant turn longer than {key} = {b['limits'][key]} tokens (longest "
+                    f"{b['longest_turn_tokens']}): sampled with it, a policy cannot reproduce "
+                    "them; raise it"
+                )
+        return lines
+
+    def preflight(self) -> RunStopped | None:
+        return None
+
+    def evaluates(self, label: str) -> bool:
+        before = self.config.sft.eval_before and self.config.eval.before
+        return self.mixture is not None and (label != "before" or before)
+
+    def step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        cfg = self.config
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        autocast = partial(forward_context, cfg, self.model, self.device)
+        loss, tokens = sft_step(self.model, self.rollouts, self.schedule[self.step_num],
+                                pad_id=pad_id, autocast=autocast)  # fmt: skip
+        lr = self.scheduler.get_last_lr()[0]
+        norm, stepped = clipped_step(self.optimizer, self.params, cfg.optim.grad_clip)
+        self.nonfinite += not stepped
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_num += 1
+        self.loss_first = loss if self.loss_first is None else self.loss_first
+        self.loss_last = loss
+        return {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": float(norm),
+                "sft/lr": lr, "sft/nonfinite_skipped": float(not stepped),
+                "time/step": time.perf_counter() - t0}  # fmt: skip
+
+    def after_step(self, metrics: dict[str, Any]) -> list[str]:
+        if metrics["sft/nonfinite_skipped"]:
+            return [f"warning: sft step {self.step_num}: gradient norm {metrics['sft/grad_norm']}"
+                    ", step skipped (weights unchanged)"]  # fmt: skip
+        return []
+
+    def step_line(self, step: int, m: dict[str, Any]) -> str:
+        return (f"sft step {step:>3}/{self.total_steps} loss {m['sft/loss']:.4f} "
+                f"tokens {m['sft/tokens']} lr {m['sft/lr']:.2e}")  # fmt: skip
+
+    def evaluate(self, label: str) -> EvalResult:
+        assert self.mixture is not None and self.grader is not None
+        self.policy.update_weights(None)  # the sampler sees the trained weights
+        tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
+        result = heldout_eval(self.config, self.mixture.make_env_for, self.grader, self.policy,
+                              tasks, self.threshold, self._loop)  # fmt: skip
+        self.evals[label] = eval_record(result)
+        return result
+
+    def save(self) -> Path:
+        state = {"sft": True, "evals": self.evals, "nonfinite_skipped": self.nonfinite,
+                 "loss_first": self.loss_first, "loss_last": self.loss_last}  # fmt: skip
+        return save_checkpoint(
+            self.run_dir / "checkpoints", model=self.model, tokenizer=self.tokenizer,
+            optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num, state=state,
+        )  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.config.model.name,
+            "data": self.data,
+            "demonstrations": len(self.rollouts),
+            "left_out": self.skipped,
+            "assistant_tokens": sum(sum(r.policy_mask) for r in self.rollouts),
+            "turn_budget": self.budget,
+            "steps_planned": self.total_steps,
+            "loss_first": self.loss_first,
+            "loss_last": self.loss_last,
+            "nonfinite_skipped": self.nonfinite,
+            "precision": self.precision.as_dict(),
+        }
+
+    def close(self) -> None:
+        close = getattr(self.grader, "close", None)
+        if close is not None and asyncio.iscoroutine(result := close()):
+            self._loop.run_until_complete(result)
+        self._loop.close()

@@ -1,0 +1,310 @@
+"""The policy update: mini-batches of micro-batched clipped loss, one AdamW step each.
+
+`Trainer.train_on` decides what to train on (advantages, the forking-token mask);
+`PolicyUpdate.optimize` does the arithmetic on the model. The rollout batch is split
+into `optim.mini_batches` mini-batches, passed over `optim.epochs` times; each
+mini-batch is one optimizer step: per micro-batch a forward pass (the group's shared
+prompt once, see `train.batch`), the loss of `train.losses`, backward; then clipping and
+AdamW. The PPO ratio is taken against the log-probs before the batch's first step
+(`pi_old`: a no-grad forward when there is more than one step, else the current ones,
+ratio 1), or against the sampler's for rows sampled by other weights (stale); fresh rows
+get a truncated IS weight min(pi_old / pi_sampler, cap) for the sampler's numeric
+mismatch. Each mini-batch is normalised by its own token count (`loss.normaliser`).
+
+Devices: the rollout batch, advantages and mask stay on the host; each micro-batch is
+moved to the model's device after slicing, so the loop's bookkeeping never waits on a
+GPU. Autocast follows the device (bf16 on CUDA when `model.autocast_bf16` resolves so).
+With `optim.activation_checkpointing` the gradient forward runs each decoder layer
+checkpointed (`train.activations`), the prompt sharing kept.
+The update's own metrics stay tensors until the optimizer step and reach the host in
+one transfer per step (the loss function's clip statistics still read per micro-batch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from collections.abc import Sequence
+from contextlib import ExitStack, nullcontext
+from typing import Any
+
+import torch
+
+from rldojo.config import TrainConfig
+from rldojo.policy.device import autocast_device_type, model_device
+from rldojo.training import losses
+from rldojo.training.activations import checkpointed_layers
+from rldojo.training.batch import (
+    TokenBatch,
+    completion_logits,
+    selected_logits,
+    splits_output_layer,
+)
+from rldojo.types import Score
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's `malloc_trim`, looked up once (None: not glibc)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc keeps them, so RSS creeps step to step).
+    Called after each micro-batch, so the library is looked up once, not per call."""
+    trim = _malloc_trim()
+    if trim is not None:  # not glibc: nothing to do
+        trim(0)
+
+
+def clipped_step(
+    optimizer: torch.optim.Optimizer, params: Any, max_norm: float
+) -> tuple[torch.Tensor, bool]:
+    """Clip the gradient to `max_norm` and take the optimizer step, unless its norm is not
+    finite: a NaN or inf gradient (a kernel's NaN, an overflow) would make every weight
+    NaN for good, so that step is skipped and the weights and the optimizer's state stay
+    as they were. Returns (the norm before clipping, whether the step was taken)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    finite = bool(torch.isfinite(norm))
+    if finite:
+        optimizer.step()
+    return norm, finite
+
+
+def token_advantages(advantages: torch.Tensor, scores: Sequence[Score], t: int) -> torch.Tensor:
+    """Sequence advantages [B] broadcast to tokens [B, T], plus any per-token rewards."""
+    out = advantages[:, None].expand(-1, t).clone()  # [B, T]
+    for row, score in enumerate(scores):
+        if score.token_rewards:
+            extra = torch.tensor(score.token_rewards[:t], dtype=out.dtype)  # [T']
+            out[row, : extra.shape[0]] += extra
+    return out
+
+
+def autocast_context(config: TrainConfig, device: torch.device) -> Any:
+    """bf16 autocast on `device` when `model.autocast_bf16` resolved to true, else none:
+    the precision of every training forward (the policy update and SFT)."""
+    if config.model.autocast_bf16 is True:  # resolved from "auto" by resolve_resources
+        # Autocast caches each weight's bf16 cast until the context closes (a second copy
+        # of the weights). Under activation checkpointing the layers' casts would not be
+        # kept for the backward pass anyway, so the cache only adds to the peak: skip it.
+        cache = not config.optim.activation_checkpointing
+        return torch.autocast(autocast_device_type(device), dtype=torch.bfloat16,
+                              cache_enabled=cache)  # fmt: skip
+    return nullcontext()
+
+
+def forward_context(config: TrainConfig, model: Any, device: torch.device) -> ExitStack:
+    """The context of one training forward of `model`: `autocast_context`, and each
+    decoder layer checkpointed when `optim.activation_checkpointing` is on and gradients
+    are enabled (a no-grad forward keeps nothing to recompute)."""
+    stack = ExitStack()
+    stack.enter_context(autocast_context(config, device))
+    recompute = config.optim.activation_checkpointing and torch.is_grad_enabled()
+    stack.enter_context(checkpointed_layers(model, recompute))
+    return stack
+
+
+class PolicyUpdate:
+    """Owns nothing but references: the trained model, the KL reference, the optimizer."""
+
+    def __init__(
+        self, model: Any, ref_model: Any, optimizer: torch.optim.Optimizer, config: TrainConfig
+    ) -> None:
+        self.model, self.ref_model = model, ref_model
+        self.optimizer, self.config = optimizer, config
+        self.device = model_device(model)
+
+    def _autocast(self) -> Any:
+        return autocast_context(self.config, self.device)
+
+    def optimize(
+        self, batch: TokenBatch, advantages: torch.Tensor, selected: torch.Tensor, version: int
+    ) -> dict[str, Any]:
+        """`epochs` x `mini_batches` optimizer steps on the batch; metrics are the steps'
+        means (`optim/steps` counts them, `optim/grad_norm_max` is the largest norm,
+        `optim/nonfinite_skipped` counts those skipped for a NaN or inf gradient)."""
+        oc = self.config.optim
+        several = oc.mini_batches > 1 or oc.epochs > 1
+        old = self._old_logprobs(batch, selected) if several else None  # [B, T] or None
+        size = math.ceil(batch.size / oc.mini_batches)
+        steps = []
+        for _ in range(oc.epochs):
+            for start in range(0, batch.size, size):
+                rows = slice(start, start + size)
+                num_tokens = losses.loss_normaliser(
+                    selected[rows], batch.policy_mask[rows], self.config.loss.normaliser
+                )
+                steps.append(self._step(
+                    batch.rows(rows), advantages[rows], selected[rows], num_tokens, version,
+                    None if old is None else old[rows],
+                ))  # fmt: skip
+        out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
+        out["optim/grad_norm_max"] = max(s["optim/grad_norm"] for s in steps)
+        # optimizer steps skipped for a NaN or inf gradient (a count, not a mean)
+        out["optim/nonfinite_skipped"] = sum(s["optim/nonfinite_skipped"] for s in steps)
+        out["optim/steps"] = len(steps)
+        return out
+
+    @torch.no_grad()
+    def _old_logprobs(self, batch: TokenBatch, selected: torch.Tensor) -> torch.Tensor:
+        """`pi_old`: the log-probs `[B, T]` before any step, where the loss will read them."""
+        temperature = self.config.sampling.temperature or 1.0
+        t = batch.completion_ids.shape[1]
+        rows = []
+        for start in range(0, batch.size, self.config.optim.micro_batch_size):
+            index = slice(start, start + self.config.optim.micro_batch_size)
+            mb = batch.rows(index).to(self.device)
+            where = selected[index][:, : mb.completion_ids.shape[1]].to(self.device)
+            lp = self._logprobs(self.model, mb, temperature, where if self._split(self.model)
+                                else None)  # fmt: skip
+            rows.append(torch.nn.functional.pad(lp, (0, t - lp.shape[1])))
+        return torch.cat(rows)  # [B, T]
+
+    def _step(
+        self,
+        batch: TokenBatch,
+        advantages: torch.Tensor,
+        selected: torch.Tensor,
+        num_tokens: float,
+        version: int,
+        old: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """Accumulate the loss over micro-batches, clip, and take one AdamW step."""
+        cfg = self.config
+        sums: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        results = []
+        for start in range(0, batch.size, cfg.optim.micro_batch_size):
+            index = slice(start, start + cfg.optim.micro_batch_size)
+            results.append(self._microbatch_backward(
+                batch.rows(index), advantages[index], selected[index], num_tokens, version,
+                None if old is None else old[index],
+            ))  # fmt: skip
+            release_freed_memory()  # the micro-batch's activations, before the next one
+        for m in _to_host(results):
+            weight = m.get("tokens", 0.0)
+            for key, value in m.items():
+                unweighted = ("tokens", "loss", "mismatch", "tis", "measured")
+                scaled = value if key in unweighted else value * weight
+                sums[key] = sums.get(key, 0.0) + scaled
+        grad_norm, stepped = clipped_step(
+            self.optimizer, self.model.parameters(), cfg.optim.grad_clip
+        )
+        self.optimizer.zero_grad(set_to_none=True)  # free the gradients before generating
+        release_freed_memory()
+        tokens = max(sums.pop("tokens", 0.0), 1.0)
+        measured = max(sums.pop("measured", 0.0), 1.0)  # tokens whose log-prob was computed
+        out = {"loss/policy": sums.pop("loss"), "loss/tokens": tokens}
+        out["policy/logprob_mismatch"] = sums.pop("mismatch") / measured
+        tis = sums.pop("tis")
+        if cfg.loss.tis_cap is not None:
+            out["policy/tis_weight_mean"] = tis / measured
+        out |= {f"loss/{k}": v / tokens for k, v in sums.items()}
+        out["optim/grad_norm"] = float(grad_norm)
+        out["optim/nonfinite_skipped"] = 0.0 if stepped else 1.0
+        return out
+
+    def _microbatch_backward(
+        self,
+        mb: TokenBatch,
+        advantages: torch.Tensor,
+        selected: torch.Tensor,
+        num_tokens: float,
+        version: int,
+        old_logprobs: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        """Forward, clipped loss and backward for one micro-batch; returns its metrics
+        (floats, and 0-dim tensors still on the device: `_to_host`).
+        `old_logprobs` `[M, T]` is `pi_old` (None: the current log-probs, ratio 1)."""
+        cfg, lc = self.config, self.config.loss
+        mb, advantages, selected = (mb.to(self.device), advantages.to(self.device),
+                                    selected.to(self.device))  # fmt: skip
+        temperature = cfg.sampling.temperature or 1.0
+        t = mb.completion_ids.shape[1]
+        where = selected[:, :t] if self._split(self.model) else None  # [M, T] or None
+        logprobs = self._logprobs(self.model, mb, temperature, where)  # [M, T]
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_where = where if self._split(self.ref_model) else None
+                ref = self._logprobs(self.ref_model, mb, temperature, ref_where)  # [M, T]
+        behaviour = mb.behaviour_logprobs  # [M, T]
+        # Stale rows (sampled by other weights: older ones, or ones a crash lost) take the
+        # PPO ratio against their behaviour log-probs; on-policy rows against pi_old (the
+        # weights before this batch's first step) with a truncated IS weight for the
+        # sampler's numeric mismatch (bf16 sampler, fp32 trainer).
+        versions = (
+            mb.versions if mb.versions is not None else torch.zeros(mb.size, device=self.device)
+        )  # [M] fmt: skip
+        stale = (versions != version)[:, None]  # [M, 1] (newer: from lost weights)
+        pre = logprobs.detach() if old_logprobs is None else old_logprobs[:, :t]  # [M, T]
+        old = torch.where(stale, behaviour, pre)  # [M, T]
+        is_weights = None
+        if lc.tis_cap is not None:
+            ratio = (pre - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
+            is_weights = torch.where(stale, torch.ones_like(ratio), ratio)  # [M, T]
+        loss, m = losses.policy_loss(
+            logprobs, old, advantages[:, :t], selected[:, :t],
+            eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
+            num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef, is_weights=is_weights,
+        )  # fmt: skip
+        loss.backward()
+        policy = mb.policy_mask if where is None else where  # [M, T] tokens with a log-prob
+        out: dict[str, Any] = dict(m)  # floats, and 0-dim device tensors read later
+        out["loss"] = loss.detach()
+        out["measured"] = policy.sum()
+        out["mismatch"] = torch.where(policy, (pre - behaviour).abs(), 0.0).sum()
+        tis = torch.where(policy, is_weights, 0.0).sum() if is_weights is not None else 0.0
+        out["tis"] = tis
+        return out
+
+    @torch.no_grad()
+    def entropy(self, batch: TokenBatch) -> torch.Tensor:
+        """Entropy of the current policy at the sampling temperature (the `trainer` source)."""
+        temperature = self.config.sampling.temperature or 1.0
+        rows = []
+        for start in range(0, batch.size, self.config.optim.micro_batch_size):
+            mb = batch.rows(slice(start, start + self.config.optim.micro_batch_size))
+            mb = mb.to(self.device)
+            with self._autocast():
+                logits = completion_logits(self.model, mb)  # [M, T', V]
+            _, ent = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T']
+            rows.append(
+                torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1]))
+            )
+        return torch.cat(rows).cpu()  # [B, T], on the host with the mask code
+
+    def _split(self, model: Any) -> bool:
+        return self.config.optim.selected_logits and splits_output_layer(model)
+
+    def _logprobs(
+        self, model: Any, mb: TokenBatch, temperature: float, where: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Log-probs `[M, T]` of the completion tokens; with `where` `[M, T]` only there
+        (the output layer and log-softmax run on those positions alone; the rest are 0)."""
+        share = self.config.optim.share_prompt
+        if where is None:
+            with forward_context(self.config, model, self.device):
+                logits = completion_logits(model, mb, share_prefix=share)  # [M, T, V]
+            return losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)[0]
+        with forward_context(self.config, model, self.device):
+            logits = selected_logits(model, mb, where, share_prefix=share)  # [N, V]
+        ids = mb.completion_ids[where]  # [N]
+        picked, _ = losses.logprobs_and_entropy(logits[None], ids[None], temperature)  # [1, N]
+        out = torch.zeros(where.shape, dtype=picked.dtype, device=where.device)  # [M, T]
+        return out.masked_scatter(where, picked[0])
+
+
+def _to_host(results: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Micro-batch metrics with their device tensors read in one transfer (one sync)."""
+    keys = [(i, k) for i, m in enumerate(results) for k, v in m.items() if torch.is_tensor(v)]
+    values = torch.stack([results[i][k].float() for i, k in keys]).tolist() if keys else []
+    out = [dict(m) for m in results]
+    for (i, k), v in zip(keys, values, strict=True):
+        out[i][k] = v
+    return out
