@@ -3,7 +3,7 @@
 `optim.selected_logits = true` (the default) runs the vocabulary projection and its
 log-softmax only at the tokens that carry gradient (the top-ρ = 20% forking tokens);
 `false` computes them at every completion token, as before. Both give the same update
-(`tests/train/test_update.py`). This script measures the difference on the quickstart's
+(`tests/training/test_update.py`). This script measures the difference on the quickstart's
 shape (SmolLM2-135M-Instruct on arith-v1, 8 prompts x 8 samples, 48 new tokens, the
 resolved precision of this machine): one Trainer samples `--batches` batches once, then
 `train_on` is timed on exactly those batches for both settings, interleaved `--reps`
