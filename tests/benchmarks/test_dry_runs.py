@@ -85,6 +85,10 @@ CASES = [
     _case("agentic_pipeline", "tictactoe.json",
           lambda r: r["rl"]["steps"] == 2 and "sft_to_sft_rl" in r["paired"],
           "--envs", "tictactoe-v1"),
+    _case("capacity", "dry.json",
+          lambda r: r["kind"] == "computed" and r["models"]["SmolLM2-135M"]["params"] == 134_515_008
+          and len(r["per_rank_gib"]) == 4 and "measured_check" not in r
+          and r["largest_fitting"]["full/checkpointing"]["1"] is not None),
 ]  # fmt: skip
 
 
