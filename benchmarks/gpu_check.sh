@@ -22,7 +22,7 @@
 # Writes $OUT_DIR/gpu_check_<device>.json (OUT_DIR: benchmarks/results/gpu_check; with
 # --dry a temporary directory, so a smoke run never replaces real figures) with every
 # part's exit code, wall time, parsed JSON result and log tail, plus one file per
-# benchmark; each with the manifest of benchmarks/results_io.py.
+# benchmark; each with the manifest of benchmarks/results_io.py. Logs and runs: ${TMPDIR:-/tmp}.
 # Interpreter: $PYTHON, else .venv/bin/python, else python3 (with rldojo installed, and
 # on a GPU machine a CUDA build of torch). Models load offline (HF_HUB_OFFLINE=1).
 set -uo pipefail
@@ -44,11 +44,11 @@ if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 if [ "$DRY" = 1 ]; then
-  OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/gpu_check_dry.XXXXXX)}"
+  OUT_DIR="${OUT_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_dry.XXXXXX")}"
 else
   OUT_DIR="${OUT_DIR:-benchmarks/results/gpu_check}"
 fi
-WORK="$(mktemp -d /tmp/gpu_check_work.XXXXXX)"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_work.XXXXXX")"  # logs, runs; left for inspection
 mkdir -p "$OUT_DIR" "$WORK/logs"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 # For the manifests the two inline Python parts write (benchmarks/results_io.py).
@@ -75,7 +75,7 @@ if [ "$DRY" = 1 ]; then
   TRAIN_SET=(--set model.name=tiny-random --set run.steps=1 --set rollout.prompts_per_step=2
              --set rollout.group_size=4 --set sampling.max_new_tokens=8 --set eval.tasks=4)
   TOKENS_ARGS=(--model tiny-random --prompts 4 --max-new-tokens 8)
-  ASYNC_ARGS=(--model tiny-random --steps 1 --prompts 2 --group 4 --max-new-tokens 8)
+  ASYNC_ARGS=(--dry)  # tiny-random, 1 step of 2 x 4 samples of 8 tokens; manifest dry
   VS_TRL_ARGS=(--dry --steps 1)
   LIMITS=(60 120 60 120 180)
 else

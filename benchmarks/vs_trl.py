@@ -267,8 +267,7 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
 
         trainer.tasks.draw = next_planned  # type: ignore[method-assign]
         if MODES["dry"]:  # TRL loads a directory: the same tiny weights
-            trainer.model.save_pretrained(io_dir / "tiny_model")
-            trainer.tokenizer.save_pretrained(io_dir / "tiny_model")
+            save_plain_model(trainer.model, trainer.tokenizer, io_dir / "tiny_model")
         before = {"rss_mib": rss_mib(), "peak_rss_mib": peak_rss_mib()}
         steps_out = []
         tell_parent("ready")
@@ -313,6 +312,21 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
         "steps": steps_out,
         "task_ids": drawn,
     }
+
+
+def save_plain_model(model: Any, tokenizer: Any, out: Path) -> None:
+    """Write `model` as a plain transformers directory (config.json with its model_type,
+    full weights, tokenizer) that TRL loads by path and wraps with its own `peft_config`.
+
+    Under `--lora` rldojo's model is a peft model, whose `save_pretrained` writes the
+    adapter alone (no config.json); its adapters are fresh (B = 0) before the first step,
+    so a merged copy holds exactly the base weights. The live model is left as it is.
+    """
+    from rldojo.policy.lora import is_peft_model, merged_copy
+
+    plain = merged_copy(model) if is_peft_model(model) else model
+    plain.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def _rldojo_notes(threads: int) -> dict[str, Any]:
