@@ -27,7 +27,7 @@ LAYERS = {
     "training": 8,
     "service": 9, "api": 9,
     "commands": 10,
-    "cli": 11, "rldojo": 11,
+    "cli": 11, "rldojo": 11, "__main__": 12,
 }  # fmt: skip
 """Layer of each top-level package or module of `rldojo` (the table in the doc)."""
 

@@ -56,10 +56,30 @@ def _doctor_rows() -> list[tuple[str, str, str]]:
     except Exception as exc:
         rows.append(("default model", "missing", str(exc)))
     rows += _device_rows()
+    rows.append(_ranks_row())
     rows += _precision_rows()
     rows += _backend_rows()
     rows.append(_sandbox_row())
     return rows
+
+
+def _ranks_row() -> tuple[str, str, str]:
+    """The world size torchrun announced here, its backend and the shard plan."""
+    import torch.distributed as dist
+
+    from rldojo.policy.device import cuda_device_count
+    from rldojo.training.distributed import world_size_from_env
+
+    world = world_size_from_env()
+    backend = "nccl" if cuda_device_count() else "gloo"
+    available = "available" if dist.is_available() and dist.is_gloo_available() else "missing"
+    plan = (
+        f"{world} ranks: FSDP2 over {backend}, each decoder layer and the model sharded"
+        if world > 1
+        else f"1 rank (launch with --nproc N or torchrun); backend {backend} ({available}); "
+        "run.shard = auto shards rldojo sft on several"
+    )
+    return ("ranks", "ok", plan)
 
 
 def _device_rows() -> list[tuple[str, str, str]]:

@@ -13,6 +13,7 @@ The config is the one `rldojo train` reads (`[model]`, `[optim]`, `[eval]`, `[en
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -43,16 +44,21 @@ def sft(
         Path | None,
         typer.Option(help="Resume the run in this directory from its newest checkpoint"),
     ] = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(help="Train on N ranks of this machine (torchrun; FSDP2, run.shard)"),
+    ] = None,
 ) -> None:
     """Fine-tune on demonstrations: loss on assistant tokens only, the RL tokenisation.
 
     Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted."""
-    from rldojo.commands.ui import console, fail, user_errors
+    from rldojo.commands.ui import console, fail, relaunch_on_ranks, user_errors
     from rldojo.config import ConfigError, load_config
     from rldojo.store.run_dir import RunDirError
     from rldojo.training.sft import run_sft
     from rldojo.training.stops import RunStopped
 
+    relaunch_on_ranks(nproc)
     source = str(config) if config is not None else "defaults"
     try:
         if resume is not None:
@@ -65,8 +71,9 @@ def sft(
             run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-sft"
         summary = run_sft(cfg, data, run_dir=run_dir, resume=resume is not None,
                           overwrite=overwrite, console=console)  # fmt: skip
-        console.print(f"next: rldojo train CONFIG --set model.name={summary['checkpoint']}",
-                      soft_wrap=True)  # fmt: skip
+        if os.environ.get("RANK", "0") == "0":  # on several ranks, rank 0 says it
+            console.print(f"next: rldojo train CONFIG --set model.name={summary['checkpoint']}",
+                          soft_wrap=True)  # fmt: skip
     except RunStopped as exc:
         fail(str(exc), code=exc.exit_code)
     except (ConfigError, RunDirError) as exc:

@@ -10,6 +10,7 @@ template, a port in use) is printed as one line by `fail` with exit code 2
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import typer
@@ -29,6 +30,28 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
     """One error line on stderr, then exit `code` (2: bad input; see `rldojo.training.stops`)."""
     err_console.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+def relaunch_on_ranks(nproc: int | None) -> None:
+    """`--nproc N` (N > 1): run this same command on N ranks of this machine through
+    torchrun (`torchrun --nproc-per-node N -m rldojo ...`), then exit with its code. A
+    rank (torchrun sets `RANK`) never relaunches."""
+    if nproc is None or nproc <= 1 or "RANK" in os.environ:
+        return
+    import subprocess
+    import sys
+
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            argv.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "-m", "rldojo", *argv]  # fmt: skip
+    raise typer.Exit(subprocess.call(command))
 
 
 def parse_env_kwargs(text: str) -> dict[str, Any]:

@@ -55,6 +55,15 @@ class RunConfig(_Section):
     On CUDA training runs under bf16 autocast and generation in bf16 unless
     `model.generation_dtype`/`model.autocast_bf16` say otherwise. A CUDA device this
     machine lacks is a one-line error before any model loads (`rldojo.policy.device`)."""
+    shard: Literal["auto", "none", "fsdp"] = "auto"
+    """How a run launched on several ranks (`torchrun --nproc-per-node N -m rldojo ...`, or
+    `--nproc N`) trains: `auto` shards with FSDP2 when there are several ranks (one rank:
+    no sharding), `fsdp` insists on it, `none` refuses several ranks. Each decoder layer
+    and the whole model are sharded (`rldojo.training.distributed`); `rldojo sft` today
+    (`rldojo train` and `distill` refuse several ranks, one line)."""
+    dist_timeout_s: float = Field(600.0, gt=0)
+    """Longest wait on another rank (a collective): a rank that died makes the others
+    stop with an error after at most this long, never hang."""
     report_to: list[Tracker] = Field(default_factory=lambda: list[Tracker](["tensorboard"]))
     """Metric sinks besides `metrics.jsonl` (always written), as TRL's `report_to`:
     `tensorboard` (RUN/tensorboard/), `wandb`, `trackio`, `mlflow` (extra `trackers`:

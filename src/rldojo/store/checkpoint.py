@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,13 @@ def save_checkpoint(
     scheduler: Any,
     step: int,
     state: dict[str, Any],
+    model_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a complete checkpoint for `step` and return its directory."""
+    """Write a complete checkpoint for `step` and return its directory. `model_state`:
+    the weights to write instead of `model`'s own (gathered from ranks), `optimizer_state`:
+    the optimizer's state keyed by parameter name (`rldojo.training.distributed`), which
+    loads on any world size, instead of `optimizer.state_dict()`."""
     final = directory / f"step_{step:06d}"
     directory.mkdir(parents=True, exist_ok=True)
     for stale in [*directory.glob(".tmp_step_*"), *directory.glob(".old_step_*")]:
@@ -46,12 +52,16 @@ def save_checkpoint(
     if hasattr(model, "peft_config"):  # a LoRA adapter: the vocabulary is never resized,
         # so the base's embeddings stay out (and peft does not ask the hub about them)
         model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False)
+    elif model_state is not None:
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     else:
         model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    by_name = optimizer_state is not None
     torch.save(
         {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer_state if by_name else optimizer.state_dict(),
+            "optimizer_by_name": by_name,
             "scheduler": scheduler.state_dict(),
             "rng_torch": torch.get_rng_state(),
             "rng_numpy": np.random.get_state(),
@@ -80,11 +90,22 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def load_trainer_state(
-    checkpoint: Path, optimizer: torch.optim.Optimizer, scheduler: Any
+    checkpoint: Path,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    load_by_name: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Restore optimizer, scheduler and RNG from `checkpoint`; returns its state.json."""
+    """Restore optimizer, scheduler and RNG from `checkpoint`; returns its state.json. An
+    optimizer state keyed by parameter name goes to `load_by_name` (which knows the
+    model); one by position to `optimizer.load_state_dict`."""
     blob = torch.load(checkpoint / "trainer.pt", weights_only=False, map_location="cpu")
-    optimizer.load_state_dict(blob["optimizer"])
+    if blob.get("optimizer_by_name"):
+        if load_by_name is None:
+            raise ValueError(f"{checkpoint}: its optimizer state is keyed by parameter name, "
+                             "which this run cannot read")  # fmt: skip
+        load_by_name(blob["optimizer"])
+    else:
+        optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     torch.set_rng_state(blob["rng_torch"])
     np.random.set_state(blob["rng_numpy"])

@@ -49,6 +49,7 @@ from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import TokenBatch, build_token_batch, completion_logits
 from rldojo.training.callbacks import Callback
+from rldojo.training.distributed import Dist, one_rank
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
 from rldojo.training.preflight import build_mixture, pass_threshold
@@ -124,7 +125,7 @@ def run_distill(
     (`rldojo.training.loop.run_loop`)."""
     run_dir = run_dir or new_run_dir(config)
     return run_loop(
-        lambda: DistillObjective(config, run_dir, resume=resume), config, run_dir,
+        lambda d: DistillObjective(config, run_dir, resume=resume, dist=d), config, run_dir,
         command="distill", resume=resume, overwrite=overwrite,
         callbacks=with_console(callbacks, console),
     )  # fmt: skip
@@ -138,7 +139,9 @@ class DistillObjective:
     summary_keys = ("model", "teacher", "env", "steps", "kl_first", "kl_last",
                     "accuracy_before", "accuracy_after", "checkpoint", "wall_s")  # fmt: skip
 
-    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
+                 dist: Dist | None = None) -> None:  # fmt: skip
+        one_rank(dist, "rldojo distill")
         cfg, self.precision, self.threads = resolve_resources(config)
         self.config, self.run_dir, d = cfg, run_dir, cfg.distill
         self.mixture = build_mixture(cfg)  # env ids and kwargs checked

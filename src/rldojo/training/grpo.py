@@ -14,6 +14,7 @@ from typing import Any
 
 from rldojo.config import TrainConfig
 from rldojo.config.recipes import clip_note, describe_recipe
+from rldojo.training.distributed import Dist, one_rank
 from rldojo.training.signal import signal_watch
 from rldojo.training.stops import RunStopped
 from rldojo.training.trainer import Trainer
@@ -47,7 +48,9 @@ class GrpoObjective(Trainer):
     summary_keys = ("model", "env", "steps", "accuracy_before", "accuracy_after", "mean_step_s",
                     "wall_s", "rollouts", "rollouts_trained", "statuses", "run_dir")  # fmt: skip
 
-    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
+                 dist: Dist | None = None) -> None:  # fmt: skip
+        one_rank(dist, "rldojo train")
         super().__init__(config, run_dir, resume=resume)
         self.total_steps = self.config.run.steps
         self.watch = signal_watch(self.config, self.envs)  # says why a step had no signal

@@ -42,6 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.console import Console
 
 from rldojo.config import TrainConfig, load_config
@@ -50,6 +51,7 @@ from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.store.run_dir import RunDirError, claim_run_dir, record_config_change, resume_changes
 from rldojo.training.callbacks import Callback, CallbackList, ConsoleCallback, MetricsCallback
+from rldojo.training.distributed import Dist, init_dist
 from rldojo.training.heldout import save_eval_rows
 from rldojo.training.interrupts import Interrupts
 from rldojo.training.objective import Objective
@@ -79,7 +81,7 @@ def run_training(
 
     run_dir = run_dir or new_run_dir(config)
     return run_loop(
-        lambda: GrpoObjective(config, run_dir, resume=resume), config, run_dir,
+        lambda d: GrpoObjective(config, run_dir, resume=resume, dist=d), config, run_dir,
         command="train", resume=resume, overwrite=overwrite, force=force,
         callbacks=with_console(callbacks, console),
     )  # fmt: skip
@@ -91,7 +93,7 @@ def with_console(callbacks: Sequence[Callback], console: Console | None) -> list
 
 
 def run_loop(
-    build: Callable[[], Objective],
+    build: Callable[[Dist], Objective],
     config: TrainConfig,
     run_dir: Path,
     *,
@@ -101,47 +103,77 @@ def run_loop(
     force: bool = False,
     callbacks: Sequence[Callback] = (),
 ) -> dict[str, Any]:
-    """Run the objective `build()` makes; returns the summary (also RUN/summary.json).
+    """Run the objective `build(dist)` makes; returns the summary (also RUN/summary.json).
 
     A directory that holds a run is refused unless `resume` (then a config that changes
     what its rollouts mean is refused unless `force`) or `overwrite` (the old run is
     moved aside). `build` checks every input before it writes anything. Raises
     `FailureBudgetExceeded` or `RunInterrupted` (`rldojo.training.stops`) after writing the
-    summary, when the run stopped for either."""
-    say = CallbackList(callbacks)
-    changes = _claim(config, run_dir, command=command, resume=resume, overwrite=overwrite,
-                     force=force, say=say.on_message)  # fmt: skip
-    started = time.perf_counter()
-    objective = build()
-    record_config_change(run_dir, "resume" if resume else "start", changes)
-    if resume:  # the steps after the checkpoint are redone, and logged again
-        resumed = latest_checkpoint(run_dir / "checkpoints") is not None
-        _trim_logs(run_dir, objective.step_num if resumed else None)
-    logger = MetricsLogger(run_dir, report_to=config.run.report_to,
-                           resume_step=objective.step_num if resume else None,
-                           config=config.model_dump(mode="json"))  # fmt: skip
-    calls = CallbackList([MetricsCallback(logger, kind=objective.kind), *callbacks])
-    for c in callbacks:
-        if isinstance(c, ConsoleCallback):
-            c.step_line, c.summary_keys = objective.step_line, objective.summary_keys
-    calls.on_start({"command": command, "run_dir": run_dir, "step": objective.step_num,
-                    "total_steps": objective.total_steps, "lines": objective.header()})  # fmt: skip
-    run = _Run(config, objective, calls, started)
+    summary, when the run stopped for either. Started by torchrun on several ranks, every
+    rank runs the loop and rank 0 alone writes the run directory and calls the callbacks
+    (`rldojo.training.distributed`)."""
+    d = init_dist(config.run.shard, _device(config), config.run.dist_timeout_s)
+    try:
+        say = CallbackList(callbacks if d.main else ())
+        changes = {}
+        if d.main:
+            changes = _claim(config, run_dir, command=command, resume=resume,
+                             overwrite=overwrite, force=force, say=say.on_message)  # fmt: skip
+        d.barrier()  # the others build once rank 0 made the directory theirs
+        started = time.perf_counter()
+        objective = build(d)
+        return _go(objective, d, config, run_dir, resume, changes, callbacks, started)
+    finally:
+        d.close()
+
+
+def _go(objective: Objective, d: Dist, config: TrainConfig, run_dir: Path, resume: bool,
+        changes: dict[str, tuple[Any, Any]], callbacks: Sequence[Callback],
+        started: float) -> dict[str, Any]:  # fmt: skip
+    """The loop of a built objective: rank 0 logs, every rank steps."""
+    logger = None
+    if d.main:
+        record_config_change(run_dir, "resume" if resume else "start", changes)
+        if resume:  # the steps after the checkpoint are redone, and logged again
+            resumed = latest_checkpoint(run_dir / "checkpoints") is not None
+            _trim_logs(run_dir, objective.step_num if resumed else None)
+        logger = MetricsLogger(run_dir, report_to=config.run.report_to,
+                               resume_step=objective.step_num if resume else None,
+                               config=config.model_dump(mode="json"))  # fmt: skip
+        for c in callbacks:
+            if isinstance(c, ConsoleCallback):
+                c.step_line, c.summary_keys = objective.step_line, objective.summary_keys
+    mine = [MetricsCallback(logger, kind=objective.kind), *callbacks] if logger else []
+    calls = CallbackList(mine)
+    calls.on_start({"command": objective.command, "run_dir": run_dir,
+                    "step": objective.step_num, "total_steps": objective.total_steps,
+                    "lines": objective.header()})  # fmt: skip
+    run = _Run(config, objective, calls, started, d)
     with Interrupts(calls.on_message) as interrupts:
         run.interrupts = interrupts
         try:
             return run.go()
         finally:
-            logger.close()
+            if logger is not None:
+                logger.close()
             objective.close()
+
+
+def _device(config: TrainConfig) -> torch.device:
+    """Where the ranks compute (`run.device`; "auto": CUDA when torch sees it)."""
+    name = config.run.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
 
 
 class _Run:
     """One invocation of the loop: the objective, its callbacks, the signal handlers."""
 
     def __init__(self, config: TrainConfig, objective: Objective, calls: CallbackList,
-                 started: float) -> None:  # fmt: skip
+                 started: float, dist: Dist) -> None:  # fmt: skip
         self.config, self.objective, self.calls, self.started = config, objective, calls, started
+        self.dist = dist
         self.interrupts: Interrupts
 
     def go(self) -> dict[str, Any]:
@@ -164,8 +196,9 @@ class _Run:
         obj = self.objective
         with self.interrupts.immediate():
             result = obj.evaluate(label)
-        save_eval_rows(obj.run_dir, label, result)
-        self.calls.on_eval(label, obj.step_num, result)
+        if result is not None:  # None: another rank evaluated
+            save_eval_rows(obj.run_dir, label, result)
+            self.calls.on_eval(label, obj.step_num, result)
 
     def _run(self) -> str:
         """Evaluate before, train, evaluate after; which stopped the steps."""
@@ -198,10 +231,12 @@ class _Run:
                     calls.on_message(line)
                 if obj.over_budget is not None:
                     raise obj.over_budget
-                if self.interrupts.requested is not None:
-                    return "interrupted"
                 spent = budget is not None and time.perf_counter() - started >= budget
-                asked = calls.should_stop()
+                signalled, spent, asked = self._agree(
+                    self.interrupts.requested is not None, spent, calls.should_stop()
+                )
+                if signalled:
+                    return "interrupted"
                 last = obj.step_num >= obj.total_steps or spent or asked  # then "after"
                 every = self.config.eval.every
                 if every and obj.step_num % every == 0 and not last and obj.evaluates("every"):
@@ -221,6 +256,14 @@ class _Run:
                     return "callback"
         return "steps"
 
+    def _agree(self, signalled: bool, spent: bool, asked: bool) -> tuple[bool, bool, bool]:
+        """One decision for every rank: a signal any rank got; rank 0's clock and
+        callbacks (the ranks' clocks differ, the callbacks live on rank 0)."""
+        if self.dist.world == 1:
+            return signalled, spent, asked
+        spent, asked = self.dist.broadcast((spent, asked))
+        return self.dist.sum(float(signalled)) > 0, spent, asked
+
     def _finish(self, stopped: str) -> dict[str, Any]:
         """Checkpoint (unless the failure budget stopped the run: the checkpoints it has
         are kept), write the summary, hand it to the callbacks."""
@@ -234,7 +277,8 @@ class _Run:
                    "run_dir": str(obj.run_dir), "stopped": stopped}  # fmt: skip
         newest = latest_checkpoint(obj.run_dir / "checkpoints")
         summary["checkpoint"] = None if newest is None else str(newest)
-        (obj.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.dist.main:
+            (obj.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.calls.on_end(summary)
         return summary
 

@@ -78,8 +78,9 @@ class Objective(Protocol):
         """The console's line for a step."""
         ...
 
-    def evaluate(self, label: str) -> EvalResult:
-        """The held-out evaluation, recorded in `evals` under `label`."""
+    def evaluate(self, label: str) -> EvalResult | None:
+        """The held-out evaluation, recorded in `evals` under `label` (None on the ranks
+        that do not evaluate: rank 0 does, and gives the others its record)."""
         ...
 
     def save(self) -> Path:

@@ -36,6 +36,7 @@ interrupts, trackers and callbacks work as they do for RL. The run directory
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import random
 import time
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from rldojo.config import TrainConfig, dump_config, load_config
+from rldojo.config import ConfigValueError, TrainConfig, dump_config, load_config
 from rldojo.data.loading import DataError
 from rldojo.eval.harness import EvalResult
 from rldojo.policy import models
@@ -68,6 +69,17 @@ from rldojo.training.demo_data import (
     read_demos,
     tokenize_demos,
     turn_budget,
+)
+from rldojo.training.distributed import (
+    Dist,
+    checkpoint_weights,
+    full_state_dict,
+    is_sharded,
+    load_optimizer_state,
+    optimizer_state,
+    rank_device,
+    rank_micro_batches,
+    shard_model,
 )
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
@@ -115,14 +127,24 @@ def sft_step(
     *,
     pad_id: int,
     autocast: Callable[[], Any],
+    total: int | None = None,
+    padding: int = 0,
+    world: int = 1,
 ) -> tuple[float, int]:
     """Accumulate the gradient of one step's mean assistant-token NLL (no optimizer step);
-    `autocast` makes each forward's precision context. Returns `(loss, assistant tokens)`."""
-    total = sum(sum(rollouts[i].policy_mask) for mb in micro_batches for i in mb)
-    device = next(model.parameters()).device
+    `autocast` makes each forward's precision context. Returns `(loss, assistant tokens)`.
+    On one of several ranks: `total` is the whole step's token count (the mean's
+    denominator, so the ranks' gradients sum to the step's), and the last `padding`
+    micro-batches only keep the ranks' forward passes in step (weight 0); the gradient is
+    scaled by `world`, since the sharded model averages the ranks' gradients."""
+    if total is None:
+        total = sum(sum(rollouts[i].policy_mask) for mb in micro_batches for i in mb)
+    device = torch.device(next(iter(model.state_dict().values())).device)
     loss_sum = torch.zeros((), device=device)
-    split = splits_output_layer(model)
-    for mb in micro_batches:
+    # Sharded, the model's own forward gathers its outer weights (embeddings, output layer).
+    split = splits_output_layer(model) and not is_sharded(model)
+    weights = [1.0] * (len(micro_batches) - padding) + [0.0] * padding
+    for mb, weight in zip(micro_batches, weights, strict=True):
         batch = build_token_batch([rollouts[i] for i in mb], pad_id).to(device)
         where = batch.policy_mask  # [M, T]
         with autocast():
@@ -133,8 +155,8 @@ def sft_step(
         nll = torch.nn.functional.cross_entropy(
             logits.float(), batch.completion_ids[where], reduction="sum"
         )
-        (nll / max(total, 1)).backward()
-        loss_sum += nll.detach()
+        (weight * world * nll / max(total, 1)).backward()
+        loss_sum += weight * nll.detach()
     return float(loss_sum) / max(total, 1), total
 
 
@@ -161,7 +183,7 @@ def run_sft(
     # The file as used is part of the config: config.toml records it, a resume reads it.
     config = config.model_copy(update={"sft": config.sft.model_copy(update={"data": path})})
     return run_loop(
-        lambda: SftObjective(config, run_dir, resume=resume), config, run_dir,
+        lambda d: SftObjective(config, run_dir, resume=resume, dist=d), config, run_dir,
         command="sft", resume=resume, overwrite=overwrite,
         callbacks=with_console(callbacks, console),
     )  # fmt: skip
@@ -175,7 +197,9 @@ class SftObjective:
     summary_keys = ("model", "data", "demonstrations", "steps", "loss_first", "loss_last",
                     "accuracy_before", "accuracy_after", "checkpoint", "wall_s")  # fmt: skip
 
-    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
+                 dist: Dist | None = None) -> None:  # fmt: skip
+        self.dist = dist or Dist()
         cfg, self.precision, self.threads = resolve_resources(config)
         if not cfg.sft.lora:  # a full-weight cold start; RL adds the adapters to its checkpoint
             cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
@@ -187,7 +211,10 @@ class SftObjective:
         models.check_model(cfg.model.name)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
-        self.device = torch.device(self.precision.device)
+        self.device = rank_device(self.precision.device, self.dist)
+        if self.dist.sharded and cfg.model.lora is not None:
+            raise ConfigValueError("model.lora: LoRA under FSDP is not supported yet (several "
+                                   "ranks): train the adapters in one process")  # fmt: skip
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
         )  # late-bound: tests replace `load_model`
@@ -198,17 +225,24 @@ class SftObjective:
             raise DataError(self.data, None, f"no demonstration left to train on ({left})")
         self.rollouts, self.skipped = demo_set.rollouts, dict(demo_set.skipped)
         self.budget = turn_budget(cfg, self.rollouts)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(run_dir / "config.toml", dump_config(cfg))
+        if self.dist.main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(run_dir / "config.toml", dump_config(cfg))
         self.schedule = sft_schedule(
             [len(r.prompt_ids) + len(r.completion_ids) for r in self.rollouts],
             batch_size=s.batch_size, micro_batch_size=cfg.optim.micro_batch_size,
             epochs=s.epochs, seed=cfg.run.seed,
         )  # fmt: skip
         self.total_steps = len(self.schedule)
+        # Sharded, rank 0 evaluates on an unsharded copy, given the gathered weights.
+        evaluates = self.mixture is not None and self.dist.main
+        self.eval_model = copy.deepcopy(self.model) if evaluates and self.dist.sharded else None
+        if self.dist.sharded:
+            shard_model(self.model, self.dist, self.device, cfg.model.autocast_bf16 is True)
         self._optimizer(checkpoint)
-        self.policy = make_policy(cfg, self.model, self.tokenizer,
-                                  self.precision.torch_generation_dtype())  # fmt: skip
+        self.policy = None if not (evaluates or not self.dist.sharded) else make_policy(
+            cfg, self.eval_model or self.model, self.tokenizer,
+            self.precision.torch_generation_dtype())  # fmt: skip
         self.threshold = pass_threshold(cfg, self.mixture) if self.mixture is not None else 1.0
         self.grader = self.mixture.grader() if self.mixture is not None else None
         self.over_budget: RunStopped | None = None
@@ -231,7 +265,8 @@ class SftObjective:
         self.loss_first: float | None = None
         self.loss_last: float | None = None
         if checkpoint is not None:
-            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
+            by_name = partial(load_optimizer_state, self.model, self.optimizer, d=self.dist)
+            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler, by_name)
             self.step_num, self.evals = int(state["step"]), state.get("evals", {})
             self.nonfinite = int(state.get("nonfinite_skipped", 0))
             self.loss_first, self.loss_last = state.get("loss_first"), state.get("loss_last")
@@ -266,8 +301,13 @@ class SftObjective:
         cfg = self.config
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         autocast = partial(forward_context, cfg, self.model, self.device)
-        loss, tokens = sft_step(self.model, self.rollouts, self.schedule[self.step_num],
-                                pad_id=pad_id, autocast=autocast)  # fmt: skip
+        rows = self.schedule[self.step_num]
+        mbs, padding = rank_micro_batches(rows, self.dist, cfg.optim.micro_batch_size)
+        total = sum(sum(self.rollouts[i].policy_mask) for mb in rows for i in mb)
+        loss, tokens = sft_step(self.model, self.rollouts, mbs, pad_id=pad_id,
+                                autocast=autocast, total=total, padding=padding,
+                                world=self.dist.world)  # fmt: skip
+        loss = self.dist.sum(loss)  # each rank's share of the step's mean
         lr = self.scheduler.get_last_lr()[0]
         norm, stepped = clipped_step(self.optimizer, self.params, cfg.optim.grad_clip)
         self.nonfinite += not stepped
@@ -290,22 +330,39 @@ class SftObjective:
         return (f"sft step {step:>3}/{self.total_steps} loss {m['sft/loss']:.4f} "
                 f"tokens {m['sft/tokens']} lr {m['sft/lr']:.2e}")  # fmt: skip
 
-    def evaluate(self, label: str) -> EvalResult:
+    def evaluate(self, label: str) -> EvalResult | None:
+        """Rank 0 evaluates (sharded: on its unsharded copy, given the gathered weights);
+        every rank gets the record, so all take the same turns after it."""
         assert self.mixture is not None and self.grader is not None
-        self.policy.update_weights(None)  # the sampler sees the trained weights
-        tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
-        result = heldout_eval(self.config, self.mixture.make_env_for, self.grader, self.policy,
-                              tasks, self.threshold, self._loop)  # fmt: skip
-        self.evals[label] = eval_record(result)
+        weights = full_state_dict(self.model, self.dist) if self.dist.sharded else None
+        result = None
+        if self.dist.main:
+            assert self.policy is not None
+            if weights is not None and self.eval_model is not None:
+                self.eval_model.load_state_dict(weights)
+            self.policy.update_weights(None)  # the sampler sees the trained weights
+            tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
+            result = heldout_eval(self.config, self.mixture.make_env_for, self.grader,
+                                  self.policy, tasks, self.threshold, self._loop)  # fmt: skip
+        self.evals[label] = self.dist.broadcast(eval_record(result) if result else None)
         return result
 
     def save(self) -> Path:
         state = {"sft": True, "evals": self.evals, "nonfinite_skipped": self.nonfinite,
-                 "loss_first": self.loss_first, "loss_last": self.loss_last}  # fmt: skip
-        return save_checkpoint(
-            self.run_dir / "checkpoints", model=self.model, tokenizer=self.tokenizer,
-            optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num, state=state,
-        )  # fmt: skip
+                 "loss_first": self.loss_first, "loss_last": self.loss_last,
+                 "world_size": self.dist.world}  # fmt: skip
+        # Whole weights and the optimizer by parameter name: resumable on any world size.
+        weights = checkpoint_weights(self.model, self.dist) if self.dist.sharded else None
+        optimizer = optimizer_state(self.model, self.optimizer, self.dist)
+        directory = self.run_dir / "checkpoints"
+        if self.dist.main:
+            save_checkpoint(
+                directory, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
+                scheduler=self.scheduler, step=self.step_num, state=state,
+                model_state=weights, optimizer_state=optimizer,
+            )  # fmt: skip
+        self.dist.barrier()  # the others read it only once it is there
+        return directory / f"step_{self.step_num:06d}"
 
     def summary(self) -> dict[str, Any]:
         return {

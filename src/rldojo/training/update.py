@@ -69,6 +69,8 @@ def clipped_step(
     NaN for good, so that step is skipped and the weights and the optimizer's state stay
     as they were. Returns (the norm before clipping, whether the step was taken)."""
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    full = getattr(norm, "full_tensor", None)  # sharded gradients (FSDP2): a DTensor norm
+    norm = full() if full is not None else norm
     finite = bool(torch.isfinite(norm))
     if finite:
         optimizer.step()

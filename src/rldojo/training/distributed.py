@@ -1,0 +1,242 @@
+"""Training on several ranks: torch.distributed with FSDP2, launched by torchrun.
+
+    torchrun --nproc-per-node 2 -m rldojo sft CONFIG --data demos.jsonl
+    rldojo sft CONFIG --data demos.jsonl --nproc 2          # the same, on this machine
+
+A process started by torchrun (`WORLD_SIZE` > 1 in its environment) joins the process
+group here: gloo on the CPU, NCCL on CUDA (each rank its `LOCAL_RANK` device), with a
+timeout on every collective (`run.dist_timeout_s`), so a rank that dies makes the others
+fail with an error naming the lost rank instead of hanging. With `run.shard` "auto" or
+"fsdp" the model is sharded with FSDP2 (`fully_shard`): each decoder layer, then the
+whole model, so parameters, gradients and the optimizer's state are split across ranks
+and one layer's full weights exist at a time.
+
+What the objectives need from it (`Dist`): which rank writes (rank 0 writes the run
+directory, the others compute), sums across ranks, the full state dict gathered on rank
+0 (checkpoints in the Hugging Face layout of a one-process run, so a run resumes on any
+world size and every command loads its checkpoints), and the optimizer's state by
+parameter name (the same format whatever the world size).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rldojo.config import ConfigValueError
+
+__all__ = [
+    "Dist",
+    "checkpoint_weights",
+    "full_state_dict",
+    "init_dist",
+    "is_sharded",
+    "load_optimizer_state",
+    "one_rank",
+    "optimizer_state",
+    "rank_device",
+    "rank_micro_batches",
+    "shard_model",
+    "world_size_from_env",
+]
+
+
+def world_size_from_env() -> int:
+    """The world size torchrun announced (1 when started another way)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@dataclass
+class Dist:
+    """This process's place among the ranks; `world == 1`: no process group."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    sharded: bool = False
+
+    @property
+    def main(self) -> bool:
+        """Whether this rank writes the run directory (rank 0)."""
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def sum(self, value: float) -> float:
+        """`value` summed over the ranks."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t[0])
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    @contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Rank 0 runs the block first (e.g. makes a directory), the others after it."""
+        if not self.main:
+            self.barrier()
+        yield
+        if self.main:
+            self.barrier()
+
+    def close(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_dist(shard: str, device: torch.device, timeout_s: float) -> Dist:
+    """Join the process group torchrun set up (none when `WORLD_SIZE` is 1); whether the
+    model is sharded follows `run.shard`. Raises `ConfigValueError` for `run.shard = "fsdp"`
+    without several ranks, or several ranks with `run.shard = "none"` (each rank would
+    train its own copy)."""
+    world = world_size_from_env()
+    if world == 1:
+        if shard == "fsdp":
+            raise ConfigValueError(
+                "run.shard = 'fsdp' needs several ranks: launch with torchrun "
+                "--nproc-per-node N -m rldojo ..., or --nproc N"
+            )
+        return Dist()
+    if shard == "none":
+        raise ConfigValueError(f"run.shard = 'none' with {world} ranks: each rank would "
+                               "train a copy of its own; use 'auto' or 'fsdp'")  # fmt: skip
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return Dist(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local,
+                sharded=True)  # fmt: skip
+
+
+def rank_device(name: str, d: Dist) -> torch.device:
+    """This rank's device: `name` (resolved `run.device`), on CUDA the `LOCAL_RANK`-th GPU."""
+    device = torch.device(name)
+    if d.world > 1 and device.type == "cuda":
+        device = torch.device("cuda", d.local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def rank_micro_batches(step: Sequence[Sequence[int]], d: Dist, size: int
+                       ) -> tuple[list[list[int]], int]:  # fmt: skip
+    """This rank's micro-batches of a step's rows, and how many of them are padding.
+
+    One rank: the step's own micro-batches. Several: the rows (longest first) dealt round
+    the ranks, so each gets a like share of tokens, cut into micro-batches of `size`; a
+    rank with fewer micro-batches than the most repeats its first row at weight 0, since
+    every forward pass of a sharded model is a collective all ranks take part in."""
+    if d.world == 1:
+        return [list(mb) for mb in step], 0
+    rows = [i for mb in step for i in mb]
+    counts = [-(-len(rows[r :: d.world]) // size) for r in range(d.world)]
+    mine = rows[d.rank :: d.world]
+    out = [mine[k : k + size] for k in range(0, len(mine), size)]
+    padding = max(counts) - len(out)
+    out += [[rows[0]]] * padding
+    return out, padding
+
+
+def one_rank(d: Dist | None, command: str) -> None:
+    """Refuse several ranks for an objective that does not shard yet (one line)."""
+    if d is not None and d.world > 1:
+        raise ConfigValueError(f"{command} does not train on several ranks yet ({d.world} "
+                               "ranks): run it in one process; rldojo sft shards")  # fmt: skip
+
+
+def shard_model(model: Any, d: Dist, device: torch.device, bf16: bool = False) -> Any:
+    """FSDP2 over `d`'s ranks: each decoder layer, then the model (its embeddings, final
+    norm and output layer; tied weights stay tied). The reduce-scatter averages the ranks'
+    gradients (gloo has no pre-multiplied sum), so an objective whose ranks compute parts
+    of one sum scales its loss by the world size (`Dist.world`). `bf16` (the resolved
+    `model.autocast_bf16`): the gathered weights compute in bf16 while the shards (the
+    master weights) and the gradients' reduction stay fp32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (d.world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if bf16 else MixedPrecisionPolicy()  # fmt: skip
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+def is_sharded(model: Any) -> bool:
+    """Whether `model` was sharded by `shard_model` (an FSDP2 module)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    """The repeated blocks of a causal LM (`model.model.layers` for Llama-like models;
+    the base model's under LoRA)."""
+    for holder in (model, getattr(model, "base_model", None)):
+        inner = getattr(getattr(holder, "model", None), "model", None) or getattr(
+            holder, "model", None
+        )
+        layers = getattr(inner, "layers", None)
+        if layers is not None:
+            return list(layers)
+    raise ValueError(f"no decoder layers found in {type(model).__name__} to shard")
+
+
+def full_state_dict(model: Any, d: Dist) -> dict[str, Any]:
+    """The model's full state dict on the CPU, on rank 0 (empty on the others); every rank
+    must call it (it gathers the shards)."""
+    if not d.sharded:
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def checkpoint_weights(model: Any, d: Dist) -> dict[str, Any]:
+    """`full_state_dict` as a checkpoint keeps it: a tied output layer is the input
+    embedding, written once (as a one-process `save_pretrained` writes it)."""
+    weights = full_state_dict(model, d)
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)
+    return weights
+
+
+def optimizer_state(model: Any, optimizer: torch.optim.Optimizer, d: Dist) -> dict[str, Any]:
+    """The optimizer's state keyed by parameter name, whole, on rank 0 (collective)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                         d: Dist) -> None:  # fmt: skip
+    """Restore `optimizer_state`'s output on any world size (rank 0's copy is broadcast)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)  # every rank read the file
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=options)

@@ -1,0 +1,147 @@
+"""SFT on two ranks (torchrun, gloo, FSDP2) is the one-process SFT: the same gradients, the
+same losses, checkpoints that resume on either world size, and a lost rank that ends the
+run instead of hanging it.
+
+The children are the real CLI under torchrun, with one observer around `clipped_step`
+(the optimizer step that ends every SFT step): it can write the step's whole gradients
+(gathered from the shards) before the optimizer moves, or SIGKILL its rank on the n-th
+call. Deterministic mode, one thread per rank, `tiny-random` in fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rldojo.store.checkpoint import latest_checkpoint
+
+pytestmark = pytest.mark.slow  # torchrun, two processes with the model
+
+CHILD = """
+import os, signal, sys, time, torch
+import rldojo.training.sft as module
+rank, calls, original = int(os.environ.get("RANK", "0")), [0], module.clipped_step
+def observed(optimizer, params, max_norm):
+    calls[0] += 1
+    if os.environ.get("DUMP_GRADS") and calls[0] == 1:
+        grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                 for p in params]
+        if rank == 0:
+            torch.save(grads, os.environ["DUMP_GRADS"])
+    if calls[0] == int(os.environ.get("KILL_AT", "0")) and rank == int(os.environ["KILL_RANK"]):
+        with open(os.environ["KILLED_AT"], "w") as f:
+            f.write(str(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(optimizer, params, max_norm)
+module.clipped_step = observed
+sys.argv = ["rldojo", *sys.argv[1:]]
+from rldojo.cli import main
+main()
+"""
+
+DEMOS = [("What is 2 + 3?", "5"), ("What is 7 - 4?", "3"), ("What is 6 * 2?", "12"),
+         ("What is 9 + 9?", "18"), ("What is 1 + 1?", "2")]  # fmt: skip
+SETS = ["model.name=tiny-random", "model.autocast_bf16=false", "sft.epochs=3",
+        "sft.batch_size=5", "sft.warmup_steps=0", "optim.micro_batch_size=2", "sft.lr=1e-3",
+        "eval.tasks=0", "run.report_to=[]", "run.threads=1", "run.deterministic=true",
+        "run.checkpoint_every=1"]  # fmt: skip
+
+
+def _demos(tmp: Path) -> Path:
+    path = tmp / "demos.jsonl"
+    rows = [{"messages": [{"role": "user", "content": q},
+                          {"role": "assistant", "content": f"<answer>{a}</answer>"}],
+             "tools": None, "passed": True, "task_id": f"t{i}", "env": "arith-v1"}
+            for i, (q, a) in enumerate(DEMOS)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _sft(tmp: Path, run: Path, ranks: int, **env: str) -> subprocess.CompletedProcess:
+    """`rldojo sft` on `ranks` ranks (torchrun for 2) with the observer, to the end."""
+    script = tmp / "child.py"
+    script.write_text(CHILD)
+    args = ["sft", "--data", str(_demos(tmp)), "--run-dir", str(run),
+            *[a for s in SETS for a in ("--set", s)]]  # fmt: skip
+    launch = [sys.executable, str(script)]
+    if ranks > 1:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                  str(script)]  # fmt: skip
+    return subprocess.run([*launch, *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})  # fmt: skip
+
+
+def _resume(run: Path, ranks: int) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "rldojo", "sft", "--resume", str(run), "--nproc", str(ranks)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    newest = latest_checkpoint(run / "checkpoints")
+    assert newest is not None
+    return load_file(newest / "model.safetensors")
+
+
+def _losses(run: Path) -> list[float]:
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["sft/loss"] for r in records if r["kind"] == "sft"]
+
+
+def test_two_ranks_make_the_gradients_and_losses_of_one(tmp_path):
+    for ranks in (1, 2):
+        done = _sft(tmp_path, tmp_path / f"r{ranks}", ranks,
+                    DUMP_GRADS=str(tmp_path / f"grads{ranks}.pt"))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    one, two = torch.load(tmp_path / "grads1.pt"), torch.load(tmp_path / "grads2.pt")
+    assert len(one) == len(two) > 10
+    for a, b in zip(one, two, strict=True):
+        assert a.shape == b.shape
+        assert float((a - b).abs().max()) <= 1e-5 * max(float(a.abs().max()), 1e-12)
+    l1, l2 = _losses(tmp_path / "r1"), _losses(tmp_path / "r2")
+    assert len(l1) == len(l2) == 3 and l1 == pytest.approx(l2, rel=1e-6)
+    summary = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["stopped"] == "steps"
+    w1, w2 = _weights(tmp_path / "r1"), _weights(tmp_path / "r2")
+    assert w1.keys() == w2.keys()  # the tied output layer written once, as one process does
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted one-process run, the reference of the resumed ones."""
+    tmp = tmp_path_factory.mktemp("reference")
+    done = _sft(tmp, tmp / "ref", 1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tmp / "ref"
+
+
+@pytest.mark.parametrize(("first", "then"), [(2, 1), (1, 2)])
+def test_a_killed_run_resumes_on_another_world_size(tmp_path, reference, first, then):
+    ref = reference
+    run, stamp = tmp_path / "run", tmp_path / "killed_at"
+    killed = _sft(tmp_path, run, first, KILL_AT="3", KILL_RANK=str(first - 1),
+                  KILLED_AT=str(stamp))  # fmt: skip
+    ended = time.time()
+    assert killed.returncode != 0
+    assert latest_checkpoint(run / "checkpoints").name == "step_000002"  # step 3 died
+    if first > 1:  # the other rank ends too (torchrun names the lost one), nothing hangs
+        assert ended - float(stamp.read_text()) < 60
+        said = " ".join((killed.stdout + killed.stderr).split())
+        assert f"rank : {first - 1}" in said and "exitcode : -9" in said
+    resumed = _resume(run, then)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["stopped"] == "steps"
+    mine, theirs = _weights(run), _weights(ref)
+    assert mine.keys() == theirs.keys()
+    assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) < 1e-4
+    assert _losses(run) == pytest.approx(_losses(ref), rel=1e-5)
