@@ -66,7 +66,7 @@ def test_import_rldojo_imports_no_torch():
     code = (
         "import sys, rldojo\n"
         "assert 'torch' not in sys.modules, 'import rldojo'\n"
-        "rldojo.training, rldojo.evaluate, rldojo.Callback, rldojo.RunResult, rldojo.EvalResult\n"
+        "rldojo.train, rldojo.evaluate, rldojo.Callback, rldojo.RunResult, rldojo.EvalResult\n"
         "rldojo.load_config, rldojo.Grader, rldojo.Env, rldojo.Score, rldojo.make_env\n"
         "assert 'torch' not in sys.modules, 'the API names'\n"
     )

@@ -1,6 +1,6 @@
 """The public Python API: train, fine-tune, distil and evaluate from a script or a notebook.
 
-`rldojo.training`, `rldojo.sft` and `rldojo.distill` run what the CLI commands run and return
+`rldojo.train`, `rldojo.sft` and `rldojo.distill` run what the CLI commands run and return
 a `RunResult` (`rldojo.api.runs`); `rldojo.evaluate` scores a model or a run directory's
 newest checkpoint on an environment's tasks (`rldojo.api.evaluation`). A reward function
 and a list of rows are enough to train (`rldojo.envs.function_reward`). The `rldojo`

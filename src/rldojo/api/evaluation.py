@@ -64,9 +64,9 @@ def evaluate(
     `model_or_run_dir`: a model name, a model or checkpoint directory, a run directory
     (see the module docstring), or a `Policy` (`rldojo.policy.adapters`). `env`: an id, a
     `module:factory`, a factory, or an `Env` (copied for each episode); None: the run's.
-    `tasks`: `Task`s, or rows as `rldojo.training` takes them (graded by `reward`); None:
+    `tasks`: `Task`s, or rows as `rldojo.train` takes them (graded by `reward`); None:
     the first `n` tasks of the env's `split`. `grader` (a `Grader`) or `reward` (a
-    function, as `rldojo.training` takes it) replaces the env's own grader."""
+    function, as `rldojo.train` takes it) replaces the env's own grader."""
     from rldojo.eval.harness import evaluate as harness_evaluate
 
     spec, run = _model_and_run(model_or_run_dir)
