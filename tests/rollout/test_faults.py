@@ -226,8 +226,10 @@ def test_long_phases_are_logged_with_what_they_wait_on(tmp_path, caplog):
     flag = _Flag()
     logging.getLogger("rldojo.pipeline").addHandler(flag)
     kv = 'mode = "ok", grader_mode = "until_logged"'
+    # No grader preflight (max_failure_rate 1): it would wait out the grade timeout on the
+    # reference answers before the watchdog, which watches the steps, is there to log.
     cfg = _config(tmp_path, "w", f"env.kwargs={{{kv}}}", "rollout.wait_warn_s=0.3",
-                  "rollout.grade_timeout_s=120")  # fmt: skip
+                  "rollout.grade_timeout_s=120", "run.max_failure_rate=1.0")  # fmt: skip
     try:
         run_training(cfg)
     finally:
