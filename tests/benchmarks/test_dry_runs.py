@@ -89,6 +89,10 @@ CASES = [
           lambda r: r["kind"] == "computed" and r["models"]["SmolLM2-135M"]["params"] == 134_515_008
           and len(r["per_rank_gib"]) == 4 and "measured_check" not in r
           and r["largest_fitting"]["full/checkpointing"]["1"] is not None),
+    _case("sharded_memory", "dry.json",
+          lambda r: [len(r["ranks"][w]) for w in ("1", "2")] == [1, 2]
+          and r["ranks"]["2"][0]["param_bytes"] < r["ranks"]["1"][0]["param_bytes"]
+          and 0 < r["state_ratio_2_over_1"] <= 0.55),
 ]  # fmt: skip
 
 
