@@ -232,7 +232,8 @@ def optimizer_state(model: Any, optimizer: torch.optim.Optimizer, d: Dist) -> di
 
 def load_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any],
                          d: Dist) -> None:  # fmt: skip
-    """Restore `optimizer_state`'s output on any world size (rank 0's copy is broadcast)."""
+    """Restore `optimizer_state`'s output on any world size (each rank read the whole
+    state from the checkpoint and keeps its shard)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_optimizer_state_dict,
