@@ -344,7 +344,8 @@ class SftObjective:
             tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
             result = heldout_eval(self.config, self.mixture.make_env_for, self.grader,
                                   self.policy, tasks, self.threshold, self._loop)  # fmt: skip
-        self.evals[label] = self.dist.broadcast(eval_record(result) if result else None)
+        record = eval_record(result) if result is not None else None
+        self.evals[label] = self.dist.broadcast(record)
         return result
 
     def save(self) -> Path:
