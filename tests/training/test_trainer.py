@@ -12,7 +12,8 @@ from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.training.loop import run_training
-from rldojo.training.trainer import Trainer, lr_lambda
+from rldojo.training.trainer import Trainer
+from rldojo.training.update import lr_lambda
 
 pytestmark = pytest.mark.slow  # trains tiny-random
 

@@ -55,8 +55,8 @@ from rldojo.training.loop import new_run_dir, run_loop, with_console
 from rldojo.training.preflight import build_mixture, pass_threshold
 from rldojo.training.resources import resolve_resources
 from rldojo.training.stops import RunStopped
-from rldojo.training.trainer import lr_lambda, seed_everything
-from rldojo.training.update import clipped_step, forward_context
+from rldojo.training.trainer import seed_everything
+from rldojo.training.update import adamw_with_schedule, clipped_step, forward_context
 from rldojo.types import Rollout, SamplingParams
 
 __all__ = ["DistillObjective", "run_distill", "token_kl"]
@@ -176,12 +176,8 @@ class DistillObjective:
         """AdamW (fused, as rldojo train's) and `optim`'s schedule; restored from `checkpoint`."""
         o = self.config.optim
         self.params = trainable_parameters(self.model)
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=True
-        )
-        total = self.total_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: lr_lambda(k, o.warmup_steps, total, o.schedule)
+        self.optimizer, self.scheduler = adamw_with_schedule(
+            self.params, o, lr=o.lr, warmup=o.warmup_steps, total=self.total_steps
         )
         self.step_num = 0
         self.evals: dict[str, dict[str, Any]] = {}

@@ -86,8 +86,8 @@ from rldojo.training.loop import new_run_dir, run_loop, with_console
 from rldojo.training.preflight import build_mixture, pass_threshold
 from rldojo.training.resources import resolve_resources
 from rldojo.training.stops import RunStopped
-from rldojo.training.trainer import lr_lambda, seed_everything
-from rldojo.training.update import clipped_step, forward_context
+from rldojo.training.trainer import seed_everything
+from rldojo.training.update import adamw_with_schedule, clipped_step, forward_context
 from rldojo.types import Rollout
 
 __all__ = [
@@ -252,13 +252,8 @@ class SftObjective:
         """AdamW (fused, as rldojo train's) and the schedule; restored from `checkpoint`."""
         cfg, s = self.config, self.config.sft
         self.params = trainable_parameters(self.model)
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=s.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay,
-            fused=True,
-        )  # fmt: skip
-        total = len(self.schedule)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: lr_lambda(k, s.warmup_steps, total, cfg.optim.schedule)
+        self.optimizer, self.scheduler = adamw_with_schedule(
+            self.params, cfg.optim, lr=s.lr, warmup=s.warmup_steps, total=len(self.schedule)
         )
         self.step_num, self.nonfinite = 0, 0
         self.evals: dict[str, dict[str, Any]] = {}

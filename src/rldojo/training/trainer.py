@@ -16,7 +16,6 @@ from the gradient (a failed sample is neither a 0 reward nor a group member).
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 import warnings
@@ -63,7 +62,12 @@ from rldojo.training.step_metrics import (
     rollout_metrics,
 )
 from rldojo.training.stops import FailureBudgetExceeded
-from rldojo.training.update import PolicyUpdate, release_freed_memory, token_advantages
+from rldojo.training.update import (
+    PolicyUpdate,
+    adamw_with_schedule,
+    release_freed_memory,
+    token_advantages,
+)
 from rldojo.types import SamplingParams, Task
 
 
@@ -73,18 +77,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
-    """LR multiplier: linear warmup, then constant / linear decay / cosine decay to 0."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant" or total <= warmup:
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class Trainer:
@@ -145,19 +137,11 @@ class Trainer:
             self.ref_model = load_reference(
                 cfg.model, self.model, checkpoint, self.device, lambda name: load_model(name)
             )
-        # fused: one kernel per step instead of foreach's full-size temporaries (peak memory).
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer, self.scheduler = adamw_with_schedule(
             trainable_parameters(self.model),  # the adapters alone under LoRA
-            lr=cfg.optim.lr,
-            betas=cfg.optim.betas,
-            weight_decay=cfg.optim.weight_decay,
-            fused=True,
-        )
+            cfg.optim, lr=cfg.optim.lr, warmup=cfg.optim.warmup_steps, total=cfg.run.steps,
+        )  # fmt: skip
         self.update = PolicyUpdate(self.model, self.ref_model, self.optimizer, cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda s: lr_lambda(s, cfg.optim.warmup_steps, cfg.run.steps, cfg.optim.schedule),
-        )
         self.step_num = 0
         self.policy_updates = 0  # weight updates so far (the trainer's policy version)
         self.async_next_batch = 0  # the async producer's next batch (continues on resume)

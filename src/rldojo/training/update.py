@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rldojo.config import TrainConfig
+from rldojo.config import OptimConfig, TrainConfig
 from rldojo.policy.device import autocast_device_type, model_device
 from rldojo.training import losses
 from rldojo.training.activations import checkpointed_layers
@@ -59,6 +59,32 @@ def release_freed_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:  # not glibc: nothing to do
         trim(0)
+
+
+def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
+    """LR multiplier: linear warmup, then constant / linear decay / cosine decay to 0."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def adamw_with_schedule(params: Any, optim: OptimConfig, *, lr: float, warmup: int,
+                        total: int) -> tuple[torch.optim.Optimizer, Any]:  # fmt: skip
+    """AdamW over `params` (`optim`'s betas and weight decay; fused: one kernel per step
+    instead of foreach's full-size temporaries, for the peak memory) and its learning-rate
+    schedule: `lr_lambda` with `warmup` steps over `total`, `optim.schedule`. The one
+    optimizer of every objective (GRPO, SFT, distillation)."""
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=optim.betas,
+                                  weight_decay=optim.weight_decay, fused=True)  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: lr_lambda(k, warmup, total, optim.schedule)
+    )
+    return optimizer, scheduler
 
 
 def clipped_step(
