@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rldojo.config import ConfigValueError
-from rldojo.training.distributed import Dist, init_dist, one_rank, rank_micro_batches
+from rldojo.config import ConfigValueError, TrainConfig
+from rldojo.training.distributed import (
+    Dist,
+    check_shardable,
+    init_dist,
+    load_positional_optimizer_state,
+    optimizer_state,
+    rank_micro_batches,
+)
 
 STEP = [[4, 1], [0, 3], [2]]  # an sft_schedule step: rows longest first, micro-batches of 2
 
@@ -39,5 +46,30 @@ def test_the_shard_setting_and_the_world_size_must_agree(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigValueError, match=r"run\.shard = 'none' with 2 ranks"):
         init_dist("none", torch.device("cpu"), 60)
-    with pytest.raises(ConfigValueError, match="rldojo train does not train on several ranks"):
-        one_rank(Dist(rank=0, world=2, sharded=True), "rldojo train")
+
+
+def test_lora_is_refused_on_several_ranks_only():
+    lora = TrainConfig.model_validate({"model": {"lora": {"r": 8}}})
+    check_shardable(lora, Dist())  # one process: LoRA trains
+    check_shardable(TrainConfig(), Dist(rank=1, world=2, sharded=True))  # full weights shard
+    with pytest.raises(ConfigValueError, match=r"model\.lora: LoRA under FSDP"):
+        check_shardable(lora, Dist(rank=1, world=2, sharded=True))
+
+
+def test_a_positional_optimizer_state_loads_by_parameter_name():
+    """An older checkpoint's optimizer state (by position) restores the same moments."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model[0].bias.requires_grad_(False)  # positions count trained parameters only
+    trained = [p for p in model.parameters() if p.requires_grad]
+    first = torch.optim.AdamW(trained, lr=0.1)
+    model(torch.randn(5, 3)).square().sum().backward()
+    first.step()
+    model.zero_grad(set_to_none=True)  # as a resumed run's model: no gradient yet
+    fresh = torch.optim.AdamW(trained, lr=0.1)
+    load_positional_optimizer_state(model, fresh, first.state_dict(), Dist())
+    want, got = optimizer_state(model, first, Dist()), optimizer_state(model, fresh, Dist())
+    assert want["state"].keys() == got["state"].keys() == {"0.weight", "1.weight", "1.bias"}
+    for name, moments in want["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(got["state"][name][key]))

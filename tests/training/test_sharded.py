@@ -3,49 +3,26 @@ same losses, checkpoints that resume on either world size, and a lost rank that 
 run instead of hanging it.
 
 The children are the real CLI under torchrun, with one observer around `clipped_step`
-(the optimizer step that ends every SFT step): it can write the step's whole gradients
-(gathered from the shards) before the optimizer moves, or SIGKILL its rank on the n-th
-call. Deterministic mode, one thread per rank, `tiny-random` in fp32.
+(the optimizer step that ends every SFT step, `tests/rank_observer.py`): it can write the
+step's whole gradients (gathered from the shards) before the optimizer moves, or SIGKILL
+its rank on the n-th call. Deterministic mode, one thread per rank, `tiny-random` in fp32.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from rank_observer import launch, resume
 from safetensors.torch import load_file
 
 from rldojo.store.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow  # torchrun, two processes with the model
-
-CHILD = """
-import os, signal, sys, time, torch
-import rldojo.training.sft as module
-rank, calls, original = int(os.environ.get("RANK", "0")), [0], module.clipped_step
-def observed(optimizer, params, max_norm):
-    calls[0] += 1
-    if os.environ.get("DUMP_GRADS") and calls[0] == 1:
-        grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                 for p in params]
-        if rank == 0:
-            torch.save(grads, os.environ["DUMP_GRADS"])
-    if calls[0] == int(os.environ.get("KILL_AT", "0")) and rank == int(os.environ["KILL_RANK"]):
-        with open(os.environ["KILLED_AT"], "w") as f:
-            f.write(str(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(optimizer, params, max_norm)
-module.clipped_step = observed
-sys.argv = ["rldojo", *sys.argv[1:]]
-from rldojo.cli import main
-main()
-"""
 
 DEMOS = [("What is 2 + 3?", "5"), ("What is 7 - 4?", "3"), ("What is 6 * 2?", "12"),
          ("What is 9 + 9?", "18"), ("What is 1 + 1?", "2")]  # fmt: skip
@@ -67,22 +44,13 @@ def _demos(tmp: Path) -> Path:
 
 def _sft(tmp: Path, run: Path, ranks: int, **env: str) -> subprocess.CompletedProcess:
     """`rldojo sft` on `ranks` ranks (torchrun for 2) with the observer, to the end."""
-    script = tmp / "child.py"
-    script.write_text(CHILD)
     args = ["sft", "--data", str(_demos(tmp)), "--run-dir", str(run),
             *[a for s in SETS for a in ("--set", s)]]  # fmt: skip
-    launch = [sys.executable, str(script)]
-    if ranks > 1:
-        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                  str(script)]  # fmt: skip
-    return subprocess.run([*launch, *args], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})  # fmt: skip
+    return launch(tmp, "rldojo.training.sft", ranks, args, **env)
 
 
 def _resume(run: Path, ranks: int) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "rldojo", "sft", "--resume", str(run), "--nproc", str(ranks)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    return resume("sft", run, ranks)
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
@@ -98,10 +66,12 @@ def _losses(run: Path) -> list[float]:
 
 def test_two_ranks_make_the_gradients_and_losses_of_one(tmp_path):
     for ranks in (1, 2):
+        (tmp_path / f"grads{ranks}").mkdir()
         done = _sft(tmp_path, tmp_path / f"r{ranks}", ranks,
-                    DUMP_GRADS=str(tmp_path / f"grads{ranks}.pt"))  # fmt: skip
+                    DUMP_GRADS=str(tmp_path / f"grads{ranks}"))  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-    one, two = torch.load(tmp_path / "grads1.pt"), torch.load(tmp_path / "grads2.pt")
+    one = torch.load(tmp_path / "grads1" / "1.pt")  # the first step's, before it moved
+    two = torch.load(tmp_path / "grads2" / "1.pt")
     assert len(one) == len(two) > 10
     for a, b in zip(one, two, strict=True):
         assert a.shape == b.shape

@@ -77,7 +77,7 @@ def _ranks_row() -> tuple[str, str, str]:
         f"{world} ranks: FSDP2 over {backend}, each decoder layer and the model sharded"
         if world > 1
         else f"1 rank (launch with --nproc N or torchrun); backend {backend} ({available}); "
-        "run.shard = auto shards rldojo sft on several"
+        "run.shard = auto shards rldojo train and sft on several"
     )
     return ("ranks", "ok", plan)
 

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from rldojo.commands.ui import console, fail, user_errors
-from rldojo.config import ConfigError, load_config
+from rldojo.commands.ui import console, fail, relaunch_on_ranks, user_errors
+from rldojo.config import ConfigError, TrainConfig, load_config
 
 
 def register(app: typer.Typer) -> None:
@@ -47,6 +47,10 @@ def train(
     allow_download: Annotated[
         bool, typer.Option("--allow-download", help="Let a hub model id be downloaded")
     ] = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option(help="Train on N ranks of this machine (torchrun; FSDP2, run.shard)"),
+    ] = None,
 ) -> None:
     """Train a policy with forking-token GRPO (default: SmolLM2-135M on arith-v1).
 
@@ -58,17 +62,10 @@ def train(
 
     if allow_download:
         os.environ["RLDOJO_ALLOW_DOWNLOAD"] = "1"
-    source = str(config) if config is not None else "defaults"
+    relaunch_on_ranks(nproc)
+    source = str(config or (resume / "config.toml" if resume is not None else "defaults"))
     try:
-        if resume is not None:
-            base = config or resume / "config.toml"
-            source = str(base)
-            if not (resume / "config.toml").exists():
-                fail(f"{resume}: not a run directory (no config.toml) to resume")
-            cfg = load_config(base, set_ or [])
-        else:
-            cfg = load_config(config, set_ or [])
-            _note_defaults(config, set_ or [])
+        cfg = _load(config, set_ or [], resume)
         if dry_run:
             from rldojo.training.preflight import dry_run as describe
 
@@ -83,6 +80,18 @@ def train(
         fail(str(exc))
     except user_errors() as exc:  # the config's values were wrong: say which file
         fail(f"{source}: {exc}")
+
+
+def _load(config: Path | None, overrides: list[str], resume: Path | None) -> TrainConfig:
+    """The config of a new run (`config`, else the defaults) or of the run `resume`
+    continues (its own config.toml, unless `config` is given), with `overrides`."""
+    if resume is None:
+        cfg = load_config(config, overrides)
+        _note_defaults(config, overrides)
+        return cfg
+    if not (resume / "config.toml").exists():
+        fail(f"{resume}: not a run directory (no config.toml) to resume")
+    return load_config(config or resume / "config.toml", overrides)
 
 
 def _note_defaults(config: Path | None, overrides: list[str]) -> None:

@@ -94,16 +94,20 @@ def load_trainer_state(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     load_by_name: Callable[[dict[str, Any]], None] | None = None,
+    load_by_position: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Restore optimizer, scheduler and RNG from `checkpoint`; returns its state.json. An
     optimizer state keyed by parameter name goes to `load_by_name` (which knows the
-    model); one by position to `optimizer.load_state_dict`."""
+    model); one by position (an older checkpoint's) to `load_by_position` when given (a
+    sharded model's optimizer cannot take it as it is), else `optimizer.load_state_dict`."""
     blob = torch.load(checkpoint / "trainer.pt", weights_only=False, map_location="cpu")
     if blob.get("optimizer_by_name"):
         if load_by_name is None:
             raise ValueError(f"{checkpoint}: its optimizer state is keyed by parameter name, "
                              "which this run cannot read")  # fmt: skip
         load_by_name(blob["optimizer"])
+    elif load_by_position is not None:
+        load_by_position(blob["optimizer"])
     else:
         optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])

@@ -56,8 +56,8 @@ class TokenBatch:
             self.sampler_entropy.to(device), self.group_index, versions,
         )  # fmt: skip
 
-    def rows(self, index: slice) -> TokenBatch:
-        """A micro-batch of consecutive rows, trimmed of all-padding columns."""
+    def rows(self, index: slice | list[int]) -> TokenBatch:
+        """A micro-batch of rows (consecutive, or listed), trimmed of all-padding columns."""
         mask = self.attention_mask[index]  # [M, L]
         used = mask.any(0).nonzero()  # columns that hold at least one token
         first = min(int(used.min()), self.prompt_len - 1)

@@ -27,6 +27,7 @@ evaluations and callbacks RL has. The student is `[model]`, the teacher and the 
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 import time
 from collections.abc import Sequence
@@ -49,13 +50,23 @@ from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import TokenBatch, build_token_batch, completion_logits
 from rldojo.training.callbacks import Callback
-from rldojo.training.distributed import Dist, one_rank
+from rldojo.training.distributed import (
+    Dist,
+    check_shardable,
+    checkpoint_weights,
+    full_state_dict,
+    load_optimizer_state,
+    load_positional_optimizer_state,
+    optimizer_state,
+    rank_device,
+    rank_micro_batches,
+    shard_model,
+)
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
 from rldojo.training.preflight import build_mixture, pass_threshold
-from rldojo.training.resources import resolve_resources
+from rldojo.training.resources import resolve_resources, seed_everything
 from rldojo.training.stops import RunStopped
-from rldojo.training.trainer import seed_everything
 from rldojo.training.update import adamw_with_schedule, clipped_step, forward_context
 from rldojo.types import Rollout, SamplingParams
 
@@ -141,7 +152,9 @@ class DistillObjective:
 
     def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
                  dist: Dist | None = None) -> None:  # fmt: skip
-        one_rank(dist, "rldojo distill")
+        """`dist`: this process's rank; sharded, rank 0 samples the sequences and every
+        rank trains on its share of them (`rldojo.training.distributed`)."""
+        self.dist = dist or Dist()
         cfg, self.precision, self.threads = resolve_resources(config)
         self.config, self.run_dir, d = cfg, run_dir, cfg.distill
         self.mixture = build_mixture(cfg)  # env ids and kwargs checked
@@ -149,8 +162,9 @@ class DistillObjective:
         models.check_model(cfg.model.name)
         models.check_model(d.teacher)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
+        check_shardable(cfg, self.dist)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
-        self.device = torch.device(self.precision.device)
+        self.device = rank_device(self.precision.device, self.dist)
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
         )  # late-bound: tests replace `load_model`
@@ -159,18 +173,38 @@ class DistillObjective:
         self.teacher = teacher.to(self.device).eval().requires_grad_(False)
         self.tasks = [t for slot in self.mixture.slots.values() for t in slot.train_tasks]
         random.Random(cfg.run.seed).shuffle(self.tasks)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(run_dir / "config.toml", dump_config(cfg))
-        gen_dtype = self.precision.torch_generation_dtype()
-        self.policy = make_policy(cfg, self.model, self.tokenizer, gen_dtype)  # the student's
-        teacher = TransformersPolicy(self.teacher, self.tokenizer, generation_dtype=gen_dtype)
-        self.sampler = self.policy if d.sequences == "student" else teacher
+        if self.dist.main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(run_dir / "config.toml", dump_config(cfg))
+        self._samplers()
         self.total_steps = cfg.run.steps
         self._optimizer(checkpoint)
         self.threshold = pass_threshold(cfg, self.mixture)
         self.grader = self.mixture.grader()
         self.over_budget: RunStopped | None = None
         self._loop = asyncio.new_event_loop()  # one for the run's life: grader pools bind
+
+    def _samplers(self) -> None:
+        """The student's sampler (`policy`, for student sequences and evaluations) and the
+        step's sampler. Sharded: student and teacher split across the ranks, and rank 0
+        samples from whole copies (the student's refreshed from the gathered weights)."""
+        cfg, d = self.config, self.config.distill
+        self.gen_model: Any = self.model
+        gen_teacher: Any = self.teacher
+        if self.dist.sharded:
+            main = self.dist.main
+            self.gen_model = copy.deepcopy(self.model) if main else None
+            gen_teacher = copy.deepcopy(self.teacher) if main and d.sequences == "teacher" \
+                else None  # fmt: skip
+            for model in (self.model, self.teacher):
+                shard_model(model, self.dist, self.device, cfg.model.autocast_bf16 is True)
+        self.policy: Any = None
+        self.sampler: Any = None
+        if self.gen_model is not None:
+            gen_dtype = self.precision.torch_generation_dtype()
+            self.policy = make_policy(cfg, self.gen_model, self.tokenizer, gen_dtype)
+            self.sampler = self.policy if d.sequences == "student" else TransformersPolicy(
+                gen_teacher, self.tokenizer, generation_dtype=gen_dtype)  # fmt: skip
 
     def _optimizer(self, checkpoint: Path | None) -> None:
         """AdamW (fused, as rldojo train's) and `optim`'s schedule; restored from `checkpoint`."""
@@ -184,7 +218,13 @@ class DistillObjective:
         self.kl_first: float | None = None
         self.kl_last: float | None = None
         if checkpoint is not None:
-            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
+            by_name = partial(load_optimizer_state, self.model, self.optimizer, d=self.dist)
+            by_position = None  # a one-process checkpoint, on several ranks: by name
+            if self.dist.sharded:
+                by_position = partial(load_positional_optimizer_state, self.model,
+                                      self.optimizer, d=self.dist)  # fmt: skip
+            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler, by_name,
+                                       by_position)  # fmt: skip
             self.step_num, self.evals = int(state["step"]), state.get("evals", {})
             self.kl_first, self.kl_last = state.get("kl_first"), state.get("kl_last")
 
@@ -221,7 +261,7 @@ class DistillObjective:
 
     def step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        rollouts = self._rollouts()
+        rollouts = self.dist.broadcast(self._rollouts() if self.dist.main else [])
         metrics: dict[str, Any] = {"distill/sequences": len(rollouts)}
         if rollouts:
             batch = build_token_batch(rollouts, self.tokenizer.pad_token_id)
@@ -229,7 +269,7 @@ class DistillObjective:
             self.kl_first = metrics["loss/kl"] if self.kl_first is None else self.kl_first
             self.kl_last = metrics["loss/kl"]
             if self.config.distill.sequences == "student":
-                self.policy.update_weights()
+                self._publish()
         else:
             metrics["train/skipped"] = 1  # no episode produced a sequence to train on
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
@@ -238,14 +278,28 @@ class DistillObjective:
         metrics["time/step"] = time.perf_counter() - t0
         return metrics
 
+    def _publish(self) -> None:
+        """The student's weights to its sampler (sharded: gathered into rank 0's copy)."""
+        if self.dist.sharded:
+            weights = full_state_dict(self.model, self.dist)  # every rank sends its shards
+            if self.gen_model is not None:
+                self.gen_model.load_state_dict(weights)
+        if self.policy is not None:
+            self.policy.update_weights(None)
+
     def _train_on(self, batch: TokenBatch) -> dict[str, Any]:
-        cfg, d = self.config, self.config.distill
+        """The KL over this rank's micro-batches (all of them in one process), over the
+        whole batch's token count; one optimizer step."""
+        cfg, d, world = self.config, self.config.distill, self.dist.world
         tokens = max(int(batch.policy_mask.sum()), 1)
         batch = batch.to(self.device)
         autocast = partial(forward_context, cfg, self.model, self.device)
+        size = cfg.optim.micro_batch_size
+        step = [list(range(k, min(k + size, batch.size))) for k in range(0, batch.size, size)]
+        mine, padding = rank_micro_batches(step, self.dist, size)
         total = 0.0
-        for start in range(0, batch.size, cfg.optim.micro_batch_size):
-            mb = batch.rows(slice(start, start + cfg.optim.micro_batch_size))
+        for k, rows in enumerate(mine):
+            mb, weight = batch.rows(rows), 0.0 if k >= len(mine) - padding else 1.0
             with torch.no_grad(), autocast():
                 t_logits = completion_logits(self.teacher, mb, share_prefix=False)  # [M, T, V']
             with autocast():
@@ -254,8 +308,10 @@ class DistillObjective:
                 s_logits, t_logits, mb.policy_mask,
                 divergence=d.divergence, temperature=d.kd_temperature,
             )  # fmt: skip
-            (loss_sum / tokens).backward()
-            total += float(loss_sum.detach())
+            scale = weight * world  # the sharded model averages the ranks' gradients
+            (loss_sum / tokens if scale == 1.0 else scale * loss_sum / tokens).backward()
+            total += weight * float(loss_sum.detach())
+        total = self.dist.sum(total)
         grad_norm, stepped = clipped_step(self.optimizer, self.params, cfg.optim.grad_clip)
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss/kl": total / tokens, "optim/grad_norm": float(grad_norm), "tokens": tokens,
@@ -270,21 +326,37 @@ class DistillObjective:
         return (f"step {step:>3} KL/token {m['loss/kl']:.4f} tokens {m['tokens']} "
                 f"grad {m['optim/grad_norm']:.2f} {m['time/step']:.1f}s")  # fmt: skip
 
-    def evaluate(self, label: str) -> EvalResult:
-        self.policy.update_weights(None)  # the sampler sees the trained weights
-        tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
-        result = heldout_eval(self.config, self.mixture.make_env_for, self.grader, self.policy,
-                              tasks, self.threshold, self._loop)  # fmt: skip
-        self.evals[label] = eval_record(result)
+    def evaluate(self, label: str) -> EvalResult | None:
+        """Rank 0 evaluates on the student's sampler, given the current weights; every
+        rank gets the record."""
+        self._publish()  # the sampler sees the trained weights
+        result = None
+        if self.policy is not None:
+            tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
+            result = heldout_eval(self.config, self.mixture.make_env_for, self.grader,
+                                  self.policy, tasks, self.threshold, self._loop)  # fmt: skip
+        record = eval_record(result) if result is not None else None
+        self.evals[label] = self.dist.broadcast(record)
         return result
 
     def save(self) -> Path:
+        """A checkpoint (rank 0 writes it): whole weights and, sharded, the optimizer's
+        state by parameter name (any world size resumes it)."""
         state = {"distill": True, "evals": self.evals, "kl_first": self.kl_first,
-                 "kl_last": self.kl_last}  # fmt: skip
-        return save_checkpoint(
-            self.run_dir / "checkpoints", model=self.model, tokenizer=self.tokenizer,
-            optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num, state=state,
-        )  # fmt: skip
+                 "kl_last": self.kl_last, "world_size": self.dist.world}  # fmt: skip
+        weights = optimizer = None
+        if self.dist.sharded:
+            weights = checkpoint_weights(self.model, self.dist)
+            optimizer = optimizer_state(self.model, self.optimizer, self.dist)
+        directory = self.run_dir / "checkpoints"
+        if self.dist.main:
+            save_checkpoint(
+                directory, model=self.gen_model, tokenizer=self.tokenizer,
+                optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
+                state=state, model_state=weights, optimizer_state=optimizer,
+            )  # fmt: skip
+        self.dist.barrier()  # the others read it only once it is there
+        return directory / f"step_{self.step_num:06d}"
 
     def summary(self) -> dict[str, Any]:
         d = self.config.distill

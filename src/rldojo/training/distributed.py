@@ -24,22 +24,23 @@ import datetime
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rldojo.config import ConfigValueError
+from rldojo.config import ConfigValueError, TrainConfig
 
 __all__ = [
     "Dist",
+    "check_shardable",
     "checkpoint_weights",
     "full_state_dict",
     "init_dist",
     "is_sharded",
     "load_optimizer_state",
-    "one_rank",
+    "load_positional_optimizer_state",
     "optimizer_state",
     "rank_device",
     "rank_micro_batches",
@@ -61,6 +62,8 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     sharded: bool = False
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # collectives'
+    # tensors live here: the rank's GPU under NCCL
 
     @property
     def main(self) -> bool:
@@ -75,9 +78,28 @@ class Dist:
         """`value` summed over the ranks."""
         if self.world == 1:
             return value
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return float(t[0])
+
+    def sum_all(self, values: dict[str, float]) -> dict[str, float]:
+        """Each of `values` summed over the ranks, in one collective (every rank passes
+        the same keys)."""
+        if self.world == 1:
+            return values
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return dict(zip(keys, t.tolist(), strict=True))
+
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over the ranks (a new tensor on `t`'s device; `t` itself when one
+        rank): rows only one rank filled, the others left 0, make the whole."""
+        if self.world == 1:
+            return t
+        out = t.to(self.device, copy=True)
+        dist.all_reduce(out)
+        return out.to(t.device)
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
@@ -118,11 +140,15 @@ def init_dist(shard: str, device: torch.device, timeout_s: float) -> Dist:
         raise ConfigValueError(f"run.shard = 'none' with {world} ranks: each rank would "
                                "train a copy of its own; use 'auto' or 'fsdp'")  # fmt: skip
     backend = "nccl" if device.type == "cuda" else "gloo"
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    here = torch.device("cpu")
+    if device.type == "cuda":  # before the group: NCCL's collectives use this GPU
+        here = torch.device("cuda", local)
+        torch.cuda.set_device(here)
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     return Dist(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local,
-                sharded=True)  # fmt: skip
+                sharded=True, device=here)  # fmt: skip
 
 
 def rank_device(name: str, d: Dist) -> torch.device:
@@ -138,10 +164,13 @@ def rank_micro_batches(step: Sequence[Sequence[int]], d: Dist, size: int
                        ) -> tuple[list[list[int]], int]:  # fmt: skip
     """This rank's micro-batches of a step's rows, and how many of them are padding.
 
-    One rank: the step's own micro-batches. Several: the rows (longest first) dealt round
-    the ranks, so each gets a like share of tokens, cut into micro-batches of `size`; a
-    rank with fewer micro-batches than the most repeats its first row at weight 0, since
-    every forward pass of a sharded model is a collective all ranks take part in."""
+    One rank: the step's own micro-batches. Several: the rows dealt round the ranks in
+    their order (SFT sorts a step's rows longest first, so each rank gets a like share of
+    tokens; GRPO's come group by group, so a micro-batch keeps rows of one group, whose
+    prompt is computed once), cut into micro-batches of `size`; a rank with fewer
+    micro-batches than the most repeats the step's first row at weight 0, since every
+    forward pass of a sharded model is a collective all ranks take part in. Rank 0 never
+    pads (it is dealt first)."""
     if d.world == 1:
         return [list(mb) for mb in step], 0
     rows = [i for mb in step for i in mb]
@@ -153,11 +182,12 @@ def rank_micro_batches(step: Sequence[Sequence[int]], d: Dist, size: int
     return out, padding
 
 
-def one_rank(d: Dist | None, command: str) -> None:
-    """Refuse several ranks for an objective that does not shard yet (one line)."""
-    if d is not None and d.world > 1:
-        raise ConfigValueError(f"{command} does not train on several ranks yet ({d.world} "
-                               "ranks): run it in one process; rldojo sft shards")  # fmt: skip
+def check_shardable(config: TrainConfig, d: Dist) -> None:
+    """Refuse (one line) what does not train sharded yet: LoRA adapters (their base
+    weights would be split, so the adapters could not be merged for the sampler)."""
+    if d.sharded and config.model.lora is not None:
+        raise ConfigValueError("model.lora: LoRA under FSDP is not supported yet (several "
+                               "ranks): train the adapters in one process")  # fmt: skip
 
 
 def shard_model(model: Any, d: Dist, device: torch.device, bf16: bool = False) -> Any:
@@ -241,3 +271,14 @@ def load_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, state: di
 
     options = StateDictOptions(full_state_dict=True)  # every rank read the file
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=options)
+
+
+def load_positional_optimizer_state(model: Any, optimizer: torch.optim.Optimizer,
+                                    state: dict[str, Any], d: Dist) -> None:  # fmt: skip
+    """Restore an optimizer state keyed by position (`optimizer.state_dict()` of one
+    process, as checkpoints before sharded training kept it) on any world size: position
+    k is the k-th trained parameter in the model's order, which names it."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    by_name = {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+    load_optimizer_state(model, optimizer, by_name, d)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rldojo.config import TrainConfig
 from rldojo.config.recipes import clip_note, describe_recipe
-from rldojo.training.distributed import Dist, one_rank
+from rldojo.training.distributed import Dist
 from rldojo.training.signal import signal_watch
 from rldojo.training.stops import RunStopped
 from rldojo.training.trainer import Trainer
@@ -50,8 +50,7 @@ class GrpoObjective(Trainer):
 
     def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
                  dist: Dist | None = None) -> None:  # fmt: skip
-        one_rank(dist, "rldojo train")
-        super().__init__(config, run_dir, resume=resume)
+        super().__init__(config, run_dir, resume=resume, dist=dist)
         self.total_steps = self.config.run.steps
         self.watch = signal_watch(self.config, self.envs)  # says why a step had no signal
 
@@ -68,15 +67,18 @@ class GrpoObjective(Trainer):
         ]
 
     def preflight(self) -> RunStopped | None:
+        """The grader on the reference answers (rank 0; every rank gets its verdict)."""
         if self.config.run.max_failure_rate >= 1.0:
             return None
-        return self.grader_preflight()
+        return self.dist.broadcast(self.grader_preflight() if self.dist.main else None)
 
     def evaluates(self, label: str) -> bool:
         tasks = self.config.eval.tasks > 0
         return tasks and (label != "before" or self.config.eval.before)
 
     def after_step(self, metrics: dict[str, Any]) -> list[str]:
+        if self.ledger is None:  # not rank 0: it writes the samples and says why
+            return []
         with (self.run_dir / "samples.jsonl").open("a") as f:
             for row in self.ledger.samples(self.step_num - 1):
                 f.write(json.dumps({"step": self.step_num, **row}) + "\n")
@@ -87,6 +89,8 @@ class GrpoObjective(Trainer):
         return step_line(step, metrics, self.pass_threshold)
 
     def summary(self) -> dict[str, Any]:
+        if self.ledger is None:  # not rank 0, which writes the summary
+            return {"model": self.config.model.name, "env": self.config.env.id}
         steps = self.ledger.step_metrics()
         step_times = [m["time/step"] for m in steps if "time/step" in m]
         return {

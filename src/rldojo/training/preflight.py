@@ -126,6 +126,22 @@ TEMPLATE_CHECK_TASKS = 32
 """Training tasks per environment the grader spec's `item` templates are checked against."""
 
 
+def build_curriculum(config: TrainConfig, mixture: Any, threshold: float) -> Any:
+    """The online curriculum over the mixture's train tasks (`[curriculum]`; None when
+    off); a task passes at `curriculum.pass_threshold`, else the run's `threshold`."""
+    c = config.curriculum
+    if not c.enabled:
+        return None
+    from rldojo.data.curriculum import Curriculum, CurriculumConfig
+
+    tasks = [t for slot in mixture.slots.values() for t in slot.train_tasks]
+    knobs = CurriculumConfig(
+        window=c.window, mode=c.mode, saturated_weight=c.saturated_weight,
+        pass_threshold=threshold if c.pass_threshold is None else c.pass_threshold,
+    )  # fmt: skip
+    return Curriculum(tasks, knobs)
+
+
 def check_task_templates(spec: Any, mixture: Any) -> None:
     """`TemplateError` if an `{{item.x}}` of the spec resolves in none of the first tasks
     of an environment, or a `{{sample.x}}` names a key no sample has. Model output is not

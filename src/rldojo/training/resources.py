@@ -12,6 +12,10 @@ written: `Precision.device` says where this process computes.
 from __future__ import annotations
 
 import os
+import random
+
+import numpy as np
+import torch
 
 from rldojo.config import TrainConfig
 from rldojo.hardware import (
@@ -58,3 +62,13 @@ def resolve_resources(config: TrainConfig) -> tuple[TrainConfig, Precision, Thre
     if plan.ray_worker_threads is not None and rollout.worker_threads is None:
         rollout = rollout.model_copy(update={"worker_threads": plan.ray_worker_threads})
     return config.model_copy(update={"model": model, "rollout": rollout}), precision, plan
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed Python's, NumPy's and torch's generators; `run.deterministic`: torch's
+    deterministic kernels where it has them (a warning where it has not)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)

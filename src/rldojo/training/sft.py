@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from rldojo.config import ConfigValueError, TrainConfig, dump_config, load_config
+from rldojo.config import TrainConfig, dump_config, load_config
 from rldojo.data.loading import DataError
 from rldojo.eval.harness import EvalResult
 from rldojo.policy import models
@@ -72,6 +72,7 @@ from rldojo.training.demo_data import (
 )
 from rldojo.training.distributed import (
     Dist,
+    check_shardable,
     checkpoint_weights,
     full_state_dict,
     is_sharded,
@@ -84,9 +85,8 @@ from rldojo.training.distributed import (
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
 from rldojo.training.preflight import build_mixture, pass_threshold
-from rldojo.training.resources import resolve_resources
+from rldojo.training.resources import resolve_resources, seed_everything
 from rldojo.training.stops import RunStopped
-from rldojo.training.trainer import seed_everything
 from rldojo.training.update import adamw_with_schedule, clipped_step, forward_context
 from rldojo.types import Rollout
 
@@ -212,9 +212,7 @@ class SftObjective:
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         self.device = rank_device(self.precision.device, self.dist)
-        if self.dist.sharded and cfg.model.lora is not None:
-            raise ConfigValueError("model.lora: LoRA under FSDP is not supported yet (several "
-                                   "ranks): train the adapters in one process")  # fmt: skip
+        check_shardable(cfg, self.dist)
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
         )  # late-bound: tests replace `load_model`

@@ -16,15 +16,13 @@ from the gradient (a failed sample is neither a 0 reward nor a group member).
 from __future__ import annotations
 
 import asyncio
-import random
+import copy
 import time
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from rldojo.config import TrainConfig, dump_config
 from rldojo.envs.base import Env
@@ -36,31 +34,39 @@ from rldojo.policy.training_model import (
     load_reference,
     load_training_model,
     make_policy,
-    vllm_memory_share,
 )
 from rldojo.policy.vllm_backend import check_vllm
 from rldojo.report.trackers import check_report_to
 from rldojo.rollout.env_pool import EnvWorkerPool
 from rldojo.rollout.generation import Generation, LocalGeneration, RayGeneration, Rounds
-from rldojo.rollout.groups import Group
-from rldojo.rollout.mixture import MixtureGrader
+from rldojo.rollout.groups import Collected, Group
 from rldojo.rollout.sources import RolloutSource, make_source
 from rldojo.rollout.tasks import TaskSampler
 from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.store.ledger import Ledger
-from rldojo.training import losses
-from rldojo.training.batch import build_token_batch
-from rldojo.training.failures import FailureBudget, reference_preflight
-from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
-from rldojo.training.preflight import build_mixture, env_entries, pass_threshold
-from rldojo.training.resources import resolve_resources
-from rldojo.training.step_metrics import (
-    entropy_stats,
-    forking_tokens,
-    mask_threshold,
-    rollout_metrics,
+from rldojo.training import rollout_workers
+from rldojo.training.distributed import (
+    Dist,
+    check_shardable,
+    full_state_dict,
+    load_optimizer_state,
+    load_positional_optimizer_state,
+    optimizer_state,
+    rank_device,
+    shard_model,
 )
+from rldojo.training.failures import FailureBudget, reference_preflight
+from rldojo.training.group_batch import group_batch
+from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
+from rldojo.training.preflight import (
+    build_curriculum,
+    build_mixture,
+    env_entries,
+    pass_threshold,
+)
+from rldojo.training.resources import resolve_resources, seed_everything
+from rldojo.training.step_metrics import rollout_metrics
 from rldojo.training.stops import FailureBudgetExceeded
 from rldojo.training.update import (
     PolicyUpdate,
@@ -71,18 +77,14 @@ from rldojo.training.update import (
 from rldojo.types import SamplingParams, Task
 
 
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-
-
 class Trainer:
     """Owns the model, optimizer, policy, environment, grader, ledger and run directory."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
+                 dist: Dist | None = None) -> None:  # fmt: skip
+        """`dist`: this process's rank (`rldojo.training.distributed`); sharded, rank 0
+        rolls out, grades and keeps the ledger and every rank trains on its groups."""
+        self.dist = dist or Dist()
         # "auto" precision and threads resolved for this machine; config.toml records them.
         self.config, self.precision, self.threads = resolve_resources(config)
         cfg = self.config
@@ -97,105 +99,161 @@ class Trainer:
         self.grader = self.envs.grader()
         self.pass_threshold = pass_threshold(cfg, self.envs)
         self.test_tasks = self.envs.test_tasks
-        self.curriculum = self._curriculum() if cfg.curriculum.enabled else None
+        self.curriculum = build_curriculum(cfg, self.envs, self.pass_threshold)
         self.tasks = TaskSampler(self.envs, self.curriculum, seed=cfg.run.seed)
         checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
         if checkpoint is None or cfg.loss.kl_coef > 0:  # the KL reference loads the base
             check_model(cfg.model.name)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)  # LoRA's needs
         check_vllm(cfg)  # generation.backend = "vllm": its package and settings
-        self.device = torch.device(self.precision.device)  # run.device, resolved
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # First, and atomically: a run killed at any later point can be resumed from it.
-        write_atomically(run_dir / "config.toml", dump_config(cfg))
+        check_shardable(cfg, self.dist)
+        self.device = rank_device(self.precision.device, self.dist)  # run.device, resolved
+        if self.dist.main:  # first, and atomically: a run killed later can be resumed
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(run_dir / "config.toml", dump_config(cfg))
+        self._models(checkpoint)
+        self._rollout_side(entries)
+        self.optimizer, self.scheduler = adamw_with_schedule(
+            trainable_parameters(self.model),  # the adapters alone under LoRA
+            cfg.optim, lr=cfg.optim.lr, warmup=cfg.optim.warmup_steps, total=cfg.run.steps,
+        )  # fmt: skip
+        self.update = PolicyUpdate(self.model, self.ref_model, self.optimizer, cfg, self.dist)
+        self._restore(checkpoint, resume)
+        self._selection: dict[int, tuple[float, list[int]]] = {}  # of the last train_on
+        self.failures = FailureBudget(cfg.run.max_failure_rate, cfg.run.failure_window)
+        self.over_budget: FailureBudgetExceeded | None = None  # the loop raises it
+        if self.ray_pool is not None:
+            self.ray_pool.publish(self.gen_model, self.policy_updates)
+        # One event loop for the trainer's life: grader worker pools bind to it.
+        self._loop = asyncio.new_event_loop()
+
+    def _models(self, checkpoint: Path | None) -> None:
+        """The trained model, its KL reference (the initial model, also after a resume)
+        and the sampler. Sharded: both models split across the ranks, and rank 0 samples
+        from a whole copy (`gen_model`) that each update's gathered weights refresh."""
+        cfg = self.config
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: load_model(name)
         )  # late-bound: tests replace `load_model` here
-        gen_dtype = self.precision.torch_generation_dtype()
-        self.policy = make_policy(cfg, self.model, self.tokenizer, gen_dtype)
+        self.ref_model = None
+        if cfg.loss.kl_coef > 0:
+            self.ref_model = load_reference(
+                cfg.model, self.model, checkpoint, self.device, lambda name: load_model(name)
+            )
+        self.gen_model = self.model
+        if self.dist.sharded:
+            self.gen_model = copy.deepcopy(self.model) if self.dist.main else None
+            bf16 = cfg.model.autocast_bf16 is True
+            for model in (self.model, self.ref_model):
+                if model is not None:
+                    shard_model(model, self.dist, self.device, bf16)
+        self.policy = None  # rank 0 alone samples when sharded
+        if self.gen_model is not None:
+            gen_dtype = self.precision.torch_generation_dtype()
+            self.policy = make_policy(cfg, self.gen_model, self.tokenizer, gen_dtype)
+
+    def _rollout_side(self, entries: list) -> None:
+        """Environment and grader workers, Ray rollout workers, the generation rounds and
+        the ledger: rank 0's alone when sharded (the others get its groups)."""
+        cfg = self.config
         self.source: RolloutSource | None = None  # started by the first step
         self.grader_pool: EnvWorkerPool | None = None  # graders in workers (own timeout)
         self.env_pool: EnvWorkerPool | None = None
-        if cfg.rollout.env_workers > 0:  # environments in worker processes
-            self.env_pool = EnvWorkerPool(
-                cfg.rollout.env_workers,
-                timeout_s=cfg.rollout.env_timeout_s,
-                retries=cfg.rollout.env_retries,
-            )
+        self.ray_pool = None
+        self.ledger: Ledger | None = None
+        if not self.dist.main:
+            return
+        self.env_pool = rollout_workers.env_pool(cfg)
         if cfg.rollout.grade_in_workers:
-            self.grader = self._remote_graders()
-        self.ray_pool = self._ray_pool(entries) if cfg.run.cluster == "ray" else None
+            self.grader_pool, self.grader = rollout_workers.remote_graders(cfg, self.envs)
+        if cfg.run.cluster == "ray":
+            self.ray_pool = rollout_workers.ray_pool(cfg, entries)
+        assert self.policy is not None  # rank 0 samples
         generation: Generation = (
             LocalGeneration(self.make_env, self.policy, self.grader, cfg.rollout)
             if self.ray_pool is None  # else generation, envs and grading on Ray actors
             else RayGeneration(self.ray_pool, cfg.rollout.group_size, lambda: self.policy_updates)
         )
         self.rounds = Rounds(self.tasks, generation, cfg.rollout, self.sampling)
-        # The KL reference is the initial model, also after a resume from a checkpoint.
-        self.ref_model = None
-        if cfg.loss.kl_coef > 0:
-            self.ref_model = load_reference(
-                cfg.model, self.model, checkpoint, self.device, lambda name: load_model(name)
-            )
-        self.optimizer, self.scheduler = adamw_with_schedule(
-            trainable_parameters(self.model),  # the adapters alone under LoRA
-            cfg.optim, lr=cfg.optim.lr, warmup=cfg.optim.warmup_steps, total=cfg.run.steps,
-        )  # fmt: skip
-        self.update = PolicyUpdate(self.model, self.ref_model, self.optimizer, cfg)
+        self.ledger = Ledger(self.run_dir / "ledger.sqlite")
+
+    def _restore(self, checkpoint: Path | None, resume: bool) -> None:
+        """The step, draw position, evaluations, optimizer and schedule of `checkpoint`
+        (the optimizer's state by parameter name: any world size); the ledger rolled back
+        to it on a resume."""
         self.step_num = 0
         self.policy_updates = 0  # weight updates so far (the trainer's policy version)
         self.async_next_batch = 0  # the async producer's next batch (continues on resume)
         self.evals: dict[str, dict[str, Any]] = {}
         if checkpoint is not None:
-            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler)
+            by_name = partial(load_optimizer_state, self.model, self.optimizer, d=self.dist)
+            by_position = None  # a one-process checkpoint, on several ranks: by name
+            if self.dist.sharded:
+                by_position = partial(load_positional_optimizer_state, self.model,
+                                      self.optimizer, d=self.dist)  # fmt: skip
+            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler, by_name,
+                                       by_position)  # fmt: skip
             self.step_num, self.evals = state["step"], state.get("evals", {})
             self.tasks.load_state_dict(state)
             self.async_next_batch = int(state.get("async_next_batch", 0))
             self.policy_updates = state.get("policy_version", self.step_num)
-            self.policy.version = self.policy_updates
-        self.ledger = Ledger(run_dir / "ledger.sqlite")
-        self._selection: dict[int, tuple[float, list[int]]] = {}  # of the last train_on
-        self.failures = FailureBudget(cfg.run.max_failure_rate, cfg.run.failure_window)
-        self.over_budget: FailureBudgetExceeded | None = None  # the loop raises it
-        if resume:
+            if self.policy is not None:
+                self.policy.version = self.policy_updates
+        if resume and self.ledger is not None:
             self.ledger.rollback(self.step_num)  # training after the checkpoint was lost
-        if self.ray_pool is not None:
-            self.ray_pool.publish(self.model, self.policy_updates)
-        # One event loop for the trainer's life: grader worker pools bind to it.
-        self._loop = asyncio.new_event_loop()
 
     # ------------------------------------------------------------------ the flow
 
     def step(self) -> dict[str, Any]:
-        """One optimizer step: collect informative groups, then train on them."""
+        """One optimizer step: collect informative groups, then train on them. Sharded,
+        rank 0 collects and every rank trains on its share of the same groups."""
         started = time.perf_counter()
-        collected = self.rollout_source().collect(self.step_num, self.policy_updates)
-        groups, timing, rounds = collected.groups, collected.timing, collected.rounds
-        all_rollouts, all_scores = collected.rollouts, collected.scores
-        metrics = rollout_metrics(
-            all_rollouts, all_scores, groups, self.config.rollout, self.pass_threshold
-        )
-        metrics["rollout/extra_rounds"] = rounds
-        informative = [g for g in groups if g.informative]
-        trained = informative[: self.config.rollout.prompts_per_step]  # the rest: untrained
-        metrics["rollout/groups_surplus"] = len(informative) - len(trained)
+        collected = None
+        metrics: dict[str, Any] = {}
+        trained: list[Group] = []
+        if self.dist.main:
+            collected = self.rollout_source().collect(self.step_num, self.policy_updates)
+            metrics, trained = self._signal(collected)
+        trained = self.dist.broadcast(trained)
+        timing = {} if collected is None else collected.timing
         if trained:
             t0 = time.perf_counter()
             release_freed_memory()  # what generation freed, before the gradients are made
             metrics |= self.train_on(trained)
             timing["time/train"] = time.perf_counter() - t0
-            self.ledger.mark_trained(
-                [i for g in trained for i in g.ledger_ids], self.step_num + 1, self._selection
-            )
+            if self.ledger is not None:
+                ids = [i for g in trained for i in g.ledger_ids]
+                self.ledger.mark_trained(ids, self.step_num + 1, self._selection)
         else:
             metrics["train/skipped"] = 1  # no signal in any group: no update this step
         self.step_num += 1
-        self.over_budget = self.failures.observe(self.step_num, all_rollouts, all_scores)
+        over = None if collected is None else self.failures.observe(
+            self.step_num, collected.rollouts, collected.scores)  # fmt: skip
+        self.over_budget = self.dist.broadcast(over)  # every rank stops with rank 0
         with warnings.catch_warnings():  # a skipped update still advances the LR schedule
             warnings.simplefilter("ignore", UserWarning)
             self.scheduler.step()
+        if collected is not None:
+            self._log_step(metrics, collected, started)
+        return metrics
+
+    def _signal(self, collected: Collected) -> tuple[dict[str, Any], list[Group]]:
+        """The rollouts' metrics and the groups to train on: informative ones, at most
+        `rollout.prompts_per_step` (the rest are counted, untrained)."""
+        groups = collected.groups
+        metrics = rollout_metrics(collected.rollouts, collected.scores, groups,
+                                  self.config.rollout, self.pass_threshold)  # fmt: skip
+        metrics["rollout/extra_rounds"] = collected.rounds
+        informative = [g for g in groups if g.informative]
+        trained = informative[: self.config.rollout.prompts_per_step]
+        metrics["rollout/groups_surplus"] = len(informative) - len(trained)
+        return metrics, trained
+
+    def _log_step(self, metrics: dict[str, Any], collected: Collected, started: float) -> None:
+        """The step's timings, rates and worker metrics into `metrics`, then the ledger."""
+        timing = collected.timing
         timing["time/step"] = time.perf_counter() - started
-        n_tokens = sum(len(r.completion_ids) for r in all_rollouts)
+        n_tokens = sum(len(r.completion_ids) for r in collected.rollouts)
         metrics |= timing | {
             "time/tokens_per_s_generate": n_tokens / max(timing["time/generate"], 1e-9)
         }
@@ -206,14 +264,15 @@ class Trainer:
         if self.grader_pool is not None:
             metrics |= {f"grade/workers_{k.split('/')[1]}": v
                         for k, v in self.grader_pool.metrics().items()}  # fmt: skip
+        assert self.ledger is not None
         self.ledger.add_step(self.step_num, metrics)
-        return metrics
 
     def rollout_source(self) -> RolloutSource:
         """The source of graded groups (`rldojo.rollout.sources`), started on first use:
         after a resume has restored the draw position, and after the "before" evaluation
         (an asynchronous producer would otherwise generate alongside it)."""
         if self.source is None:
+            assert self.ledger is not None  # rank 0's
             self.source = make_source(
                 self.rounds, self.config.rollout, self.ledger, self._loop,
                 seed=self.config.run.seed, next_batch=self.async_next_batch,
@@ -222,53 +281,30 @@ class Trainer:
         return self.source
 
     def train_on(self, groups: Sequence[Group]) -> dict[str, Any]:
-        """Advantages -> entropy -> forking-token mask -> accumulated loss -> optimizer step."""
-        cfg, lc = self.config, self.config.loss
-        rollouts = [r for g in groups for r, ok in zip(g.rollouts, g.valid, strict=True) if ok]
-        scores = [s for g in groups for s, ok in zip(g.scores, g.valid, strict=True) if ok]
-        rewards = torch.tensor([s.value for s in scores])  # [B]
-        group_ids = torch.tensor([i for i, g in enumerate(groups) for ok in g.valid if ok])  # [B]
-        advantages = losses.group_advantages(
-            rewards, group_ids, scale_by_std=lc.scale_adv_by_std
-        )  # [B]
-        batch = build_token_batch(rollouts, self.tokenizer.pad_token_id, group_ids.tolist())
-        entropy = (
-            batch.sampler_entropy if lc.entropy_source == "sampler" else self.update.entropy(batch)
-        )  # [B, T]
-        rng = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + self.step_num)
-        selected = losses.high_entropy_mask(
-            losses.selection_key(entropy, lc.select, rng),
-            batch.policy_mask,
-            lc.rho,
-            lc.scope,
-            cfg.optim.micro_batch_size,
-        )  # [B, T] (once per rollout batch, whatever the number of optimizer steps)
-        ids = [i for g in groups for i, ok in zip(g.ledger_ids, g.valid, strict=True) if ok]
-        adv, sel = advantages.tolist(), selected.cpu()  # one copy, not a sync per row
-        self._selection = {  # for the ledger: each row's advantage and selected positions
-            i: (adv[b], sel[b, : len(r.completion_ids)].nonzero()[:, 0].tolist())
-            for b, (i, r) in enumerate(zip(ids, rollouts, strict=True))
-        }
-        token_adv = token_advantages(advantages, scores, batch.policy_mask.shape[1])  # [B, T]
-        metrics = self.update.optimize(batch, token_adv, selected, self.policy_updates)
+        """Advantages -> entropy -> forking-token mask (`rldojo.training.group_batch`) ->
+        accumulated loss -> optimizer step -> the new weights to the sampler."""
+        gb = group_batch(groups, self.config, self.tokenizer.pad_token_id, self.update.entropy,
+                         self.step_num)  # fmt: skip
+        self._selection = gb.selection()
+        token_adv = token_advantages(gb.advantages, gb.scores, gb.batch.policy_mask.shape[1])
+        metrics = self.update.optimize(gb.batch, token_adv, gb.selected, self.policy_updates)
         published = time.perf_counter()
-        self.policy.update_weights()
+        self._publish()
         metrics["time/update_weights"] = time.perf_counter() - published  # to the sampler
+        return metrics | gb.metrics(self.config, self.tokenizer)
+
+    def _publish(self) -> None:
+        """The new weights to the sampler (sharded: gathered into rank 0's whole copy)
+        and the Ray rollout workers; the policy version += 1."""
+        if self.dist.sharded:
+            weights = full_state_dict(self.model, self.dist)  # every rank sends its shards
+            if self.gen_model is not None:
+                self.gen_model.load_state_dict(weights)
+        if self.policy is not None:
+            self.policy.update_weights()
         self.policy_updates += 1
         if self.ray_pool is not None:  # here, not in a rollout thread: the optimizer is idle
-            self.ray_pool.publish(self.model, self.policy_updates)
-        metrics |= {f"entropy/{k}": v for k, v in entropy_stats(entropy, batch.policy_mask).items()}
-        metrics["entropy/threshold"] = mask_threshold(
-            entropy, selected, lc.scope, cfg.optim.micro_batch_size
-        )
-        metrics["entropy/tokens_selected"] = int(selected.sum())
-        metrics["entropy/tokens_policy"] = int(batch.policy_mask.sum())
-        metrics["entropy/source"] = lc.entropy_source  # whose entropies chose the mask
-        metrics["entropy/forking_tokens"] = forking_tokens(
-            self.tokenizer, batch.completion_ids, selected
-        )
-        metrics["train/sequences"] = batch.size
-        return metrics
+            self.ray_pool.publish(self.gen_model, self.policy_updates)
 
     # ------------------------------------------------------------------ helpers
 
@@ -282,78 +318,51 @@ class Trainer:
         s = self.config.sampling
         return SamplingParams(s.max_new_tokens, s.temperature, s.top_p, tuple(s.stop), seed)
 
-    def _curriculum(self) -> Any:
-        from rldojo.data.curriculum import Curriculum, CurriculumConfig
-
-        c = self.config.curriculum
-        tasks = [t for slot in self.envs.slots.values() for t in slot.train_tasks]
-        knobs = CurriculumConfig(
-            window=c.window, mode=c.mode, saturated_weight=c.saturated_weight,
-            pass_threshold=self.pass_threshold if c.pass_threshold is None else c.pass_threshold,
-        )  # fmt: skip
-        return Curriculum(tasks, knobs)
-
     def grader_preflight(self) -> FailureBudgetExceeded | None:
         """The stop when the grader fails on every reference answer (`train.failures`)."""
         return reference_preflight(self.envs, self.grader, self._loop,
                                    timeout_s=self.config.rollout.grade_timeout_s)  # fmt: skip
 
-    def evaluate(self, label: str) -> EvalResult:
-        """Greedy accuracy on the held-out tasks; stored under `label` in the run state."""
-        tasks = heldout_tasks(self.config, self.test_tasks, label)
-        result = heldout_eval(self.config, self.make_env, self.grader, self.policy,
-                              tasks, self.pass_threshold, self._loop)  # fmt: skip
-        self.evals[label] = eval_record(result)
+    def evaluate(self, label: str) -> EvalResult | None:
+        """Greedy accuracy on the held-out tasks; stored under `label` in the run state.
+        Sharded, rank 0 evaluates (its sampler's copy holds the current weights) and the
+        others get the record (None is their result)."""
+        result = None
+        if self.policy is not None:  # rank 0
+            tasks = heldout_tasks(self.config, self.test_tasks, label)
+            result = heldout_eval(self.config, self.make_env, self.grader, self.policy,
+                                  tasks, self.pass_threshold, self._loop)  # fmt: skip
+        record = eval_record(result) if result is not None else None
+        self.evals[label] = self.dist.broadcast(record)
         return result
 
     def save(self) -> Path:
+        """A checkpoint (rank 0 writes it): whole weights in the Hugging Face layout and,
+        sharded, the optimizer's state by parameter name, so any world size resumes it."""
+        directory = self.run_dir / "checkpoints"
+        optimizer = None  # by position (one process), or gathered by name (sharded)
+        if self.dist.sharded:
+            optimizer = optimizer_state(self.model, self.optimizer, self.dist)
+        if self.dist.main:
+            save_checkpoint(
+                directory, model=self.gen_model, tokenizer=self.tokenizer,
+                optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
+                state=self._run_state(), optimizer_state=optimizer,
+            )  # fmt: skip
+        self.dist.barrier()  # the others read it only once it is there
+        return directory / f"step_{self.step_num:06d}"
+
+    def _run_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the tensors: the draw position, evaluations,
+        the policy version."""
         if self.source is None:
             draws = self.tasks.state_dict()
         else:  # an asynchronous producer draws ahead: what it has handed over so far
             draws = self.source.checkpoint_state()
             self.async_next_batch = draws.pop("next_batch")
-        return save_checkpoint(
-            self.run_dir / "checkpoints",
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            step=self.step_num,
-            state={
-                **draws,
-                "evals": self.evals,
-                "policy_version": self.policy_updates,
+        return {**draws, "evals": self.evals, "policy_version": self.policy_updates,
                 "async_next_batch": self.async_next_batch,
-            },
-        )
-
-    def _remote_graders(self) -> MixtureGrader:
-        """Each environment's grader (or the spec's), built and run in worker processes."""
-        ro, spec = self.config.rollout, self.config.grader.spec
-        pool = EnvWorkerPool(max(1, ro.env_workers), timeout_s=ro.grade_timeout_s,
-                             retries=ro.env_retries)  # fmt: skip
-        self.grader_pool = pool
-        return MixtureGrader({
-            env_id: pool.spec_grader(spec, slot.grader.name) if spec is not None
-            else pool.env_grader(env_id, slot.kwargs, slot.grader.name)
-            for env_id, slot in self.envs.slots.items()
-        })  # fmt: skip
-
-    def _ray_pool(self, entries: list) -> Any:
-        from rldojo.cluster.ray_pool import RayRolloutPool, WorkerSampler
-
-        cfg = self.config
-        ro = cfg.rollout
-        sampler = WorkerSampler(cfg.generation.backend, cfg.model.generation_dtype, cfg.run.seed,
-                                vllm_memory_share(cfg), cfg.generation.prefix_cache_mb)  # fmt: skip
-        args = (
-            cfg.model.name, entries, cfg.grader.spec, sampler,
-            ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns, ro.worker_threads,
-        )  # fmt: skip
-        return RayRolloutPool(
-            workers=ro.workers, actor_args=args, address=cfg.run.ray_address,
-            timeout_s=ro.worker_timeout_s, num_gpus=ro.worker_gpus,
-        )  # fmt: skip
+                "world_size": self.dist.world}  # fmt: skip
 
     def close(self) -> None:
         if self.ray_pool is not None:
@@ -363,7 +372,8 @@ class Trainer:
         for pool in (self.env_pool, self.grader_pool):
             if pool is not None:
                 pool.close()
-        self.ledger.close()
+        if self.ledger is not None:
+            self.ledger.close()
         if (close_policy := getattr(self.policy, "close", None)) is not None:
             close_policy()  # vLLM: its weights snapshot
         close = getattr(self.grader, "close", None)

@@ -41,6 +41,7 @@ from rldojo.training.batch import (
     selected_logits,
     splits_output_layer,
 )
+from rldojo.training.distributed import Dist, is_sharded, rank_micro_batches
 from rldojo.types import Score
 
 
@@ -141,11 +142,13 @@ class PolicyUpdate:
     """Owns nothing but references: the trained model, the KL reference, the optimizer."""
 
     def __init__(
-        self, model: Any, ref_model: Any, optimizer: torch.optim.Optimizer, config: TrainConfig
-    ) -> None:
+        self, model: Any, ref_model: Any, optimizer: torch.optim.Optimizer, config: TrainConfig,
+        dist: Dist | None = None,
+    ) -> None:  # fmt: skip
         self.model, self.ref_model = model, ref_model
         self.optimizer, self.config = optimizer, config
-        self.device = model_device(model)
+        self.dist = dist or Dist()
+        self.device = self.dist.device if self.dist.sharded else model_device(model)
 
     def _autocast(self) -> Any:
         return autocast_context(self.config, self.device)
@@ -155,22 +158,23 @@ class PolicyUpdate:
     ) -> dict[str, Any]:
         """`epochs` x `mini_batches` optimizer steps on the batch; metrics are the steps'
         means (`optim/steps` counts them, `optim/grad_norm_max` is the largest norm,
-        `optim/nonfinite_skipped` counts those skipped for a NaN or inf gradient)."""
+        `optim/nonfinite_skipped` counts those skipped for a NaN or inf gradient).
+        On several ranks each mini-batch's rows are dealt round the ranks (`_plan`); its
+        normaliser is still the whole mini-batch's, so the ranks' gradients add up to it."""
         oc = self.config.optim
         several = oc.mini_batches > 1 or oc.epochs > 1
-        old = self._old_logprobs(batch, selected) if several else None  # [B, T] or None
         size = math.ceil(batch.size / oc.mini_batches)
+        minis = [list(range(s, min(s + size, batch.size))) for s in range(0, batch.size, size)]
+        plans = [self._plan(rows) for rows in minis]
+        old = self._old_logprobs(batch, selected, plans) if several else None  # [B, T] or None
         steps = []
         for _ in range(oc.epochs):
-            for start in range(0, batch.size, size):
-                rows = slice(start, start + size)
+            for rows, plan in zip(minis, plans, strict=True):
                 num_tokens = losses.loss_normaliser(
                     selected[rows], batch.policy_mask[rows], self.config.loss.normaliser
                 )
-                steps.append(self._step(
-                    batch.rows(rows), advantages[rows], selected[rows], num_tokens, version,
-                    None if old is None else old[rows],
-                ))  # fmt: skip
+                steps.append(self._step(batch, advantages, selected, num_tokens, version,
+                                        old, plan))  # fmt: skip
         out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
         out["optim/grad_norm_max"] = max(s["optim/grad_norm"] for s in steps)
         # optimizer steps skipped for a NaN or inf gradient (a count, not a mean)
@@ -178,20 +182,30 @@ class PolicyUpdate:
         out["optim/steps"] = len(steps)
         return out
 
+    def _plan(self, rows: list[int]) -> tuple[list[list[int]], int]:
+        """This rank's micro-batches of a mini-batch's `rows` and how many of them are
+        padding (`rank_micro_batches`): consecutive rows on one rank."""
+        size = self.config.optim.micro_batch_size
+        micro = [rows[k : k + size] for k in range(0, len(rows), size)]
+        return rank_micro_batches(micro, self.dist, size)
+
     @torch.no_grad()
-    def _old_logprobs(self, batch: TokenBatch, selected: torch.Tensor) -> torch.Tensor:
-        """`pi_old`: the log-probs `[B, T]` before any step, where the loss will read them."""
+    def _old_logprobs(self, batch: TokenBatch, selected: torch.Tensor,
+                      plans: Sequence[tuple[list[list[int]], int]]) -> torch.Tensor:  # fmt: skip
+        """`pi_old`: the log-probs `[B, T]` before any step, where the loss will read them
+        (this rank's rows; the others stay 0)."""
         temperature = self.config.sampling.temperature or 1.0
-        t = batch.completion_ids.shape[1]
-        rows = []
-        for start in range(0, batch.size, self.config.optim.micro_batch_size):
-            index = slice(start, start + self.config.optim.micro_batch_size)
-            mb = batch.rows(index).to(self.device)
-            where = selected[index][:, : mb.completion_ids.shape[1]].to(self.device)
-            lp = self._logprobs(self.model, mb, temperature, where if self._split(self.model)
-                                else None)  # fmt: skip
-            rows.append(torch.nn.functional.pad(lp, (0, t - lp.shape[1])))
-        return torch.cat(rows)  # [B, T]
+        out = torch.zeros(batch.completion_ids.shape, device=self.device)  # [B, T]
+        for micro, padding in plans:
+            for rows in micro[: len(micro) - padding]:
+                mb = batch.rows(rows).to(self.device)
+                where = selected[rows][:, : mb.completion_ids.shape[1]].to(self.device)
+                lp = self._logprobs(self.model, mb, temperature, where if self._split(self.model)
+                                    else None)  # fmt: skip
+                out[rows, : lp.shape[1]] = lp.to(out.dtype)
+            for rows in micro[len(micro) - padding :]:  # a collective the others take part in
+                self._logprobs(self.model, batch.rows(rows).to(self.device), temperature, None)
+        return out
 
     def _step(
         self,
@@ -201,25 +215,30 @@ class PolicyUpdate:
         num_tokens: float,
         version: int,
         old: torch.Tensor | None,
+        plan: tuple[list[list[int]], int],
     ) -> dict[str, float]:
-        """Accumulate the loss over micro-batches, clip, and take one AdamW step."""
-        cfg = self.config
-        sums: dict[str, float] = {}
+        """Accumulate the loss over this rank's micro-batches of one mini-batch (`plan`),
+        clip, and take one AdamW step; the metrics' sums are the ranks' together."""
+        micro, padding = plan
+        weights = [1.0] * (len(micro) - padding) + [0.0] * padding
         self.optimizer.zero_grad(set_to_none=True)
         results = []
-        for start in range(0, batch.size, cfg.optim.micro_batch_size):
-            index = slice(start, start + cfg.optim.micro_batch_size)
+        for rows, weight in zip(micro, weights, strict=True):
             results.append(self._microbatch_backward(
-                batch.rows(index), advantages[index], selected[index], num_tokens, version,
-                None if old is None else old[index],
+                batch.rows(rows), advantages[rows], selected[rows], num_tokens, version,
+                None if old is None else old[rows], weight,
             ))  # fmt: skip
             release_freed_memory()  # the micro-batch's activations, before the next one
-        for m in _to_host(results):
-            weight = m.get("tokens", 0.0)
+        host = _to_host(results)
+        sums = dict.fromkeys(host[0], 0.0)  # every micro-batch has the same keys
+        unweighted = ("tokens", "loss", "mismatch", "tis", "measured")
+        for m, weight in zip(host, weights, strict=True):
+            if not weight:  # padding: it kept the ranks' forward passes in step
+                continue
             for key, value in m.items():
-                unweighted = ("tokens", "loss", "mismatch", "tis", "measured")
-                scaled = value if key in unweighted else value * weight
-                sums[key] = sums.get(key, 0.0) + scaled
+                sums[key] += value if key in unweighted else value * m.get("tokens", 0.0)
+        sums = self.dist.sum_all(sums)
+        cfg = self.config
         grad_norm, stepped = clipped_step(
             self.optimizer, self.model.parameters(), cfg.optim.grad_clip
         )
@@ -245,10 +264,14 @@ class PolicyUpdate:
         num_tokens: float,
         version: int,
         old_logprobs: torch.Tensor | None = None,
+        weight: float = 1.0,
     ) -> dict[str, Any]:
         """Forward, clipped loss and backward for one micro-batch; returns its metrics
         (floats, and 0-dim tensors still on the device: `_to_host`).
-        `old_logprobs` `[M, T]` is `pi_old` (None: the current log-probs, ratio 1)."""
+        `old_logprobs` `[M, T]` is `pi_old` (None: the current log-probs, ratio 1).
+        `weight` 0: a padding micro-batch (`rank_micro_batches`), no gradient. On several
+        ranks the loss is scaled by the world size: the sharded model averages the ranks'
+        gradients, and each rank's loss is its part of the mini-batch's sum."""
         cfg, lc = self.config, self.config.loss
         mb, advantages, selected = (mb.to(self.device), advantages.to(self.device),
                                     selected.to(self.device))  # fmt: skip
@@ -281,7 +304,8 @@ class PolicyUpdate:
             eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
             num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef, is_weights=is_weights,
         )  # fmt: skip
-        loss.backward()
+        scale = weight * self.dist.world
+        (loss if scale == 1.0 else loss * scale).backward()
         policy = mb.policy_mask if where is None else where  # [M, T] tokens with a log-prob
         out: dict[str, Any] = dict(m)  # floats, and 0-dim device tensors read later
         out["loss"] = loss.detach()
@@ -293,29 +317,33 @@ class PolicyUpdate:
 
     @torch.no_grad()
     def entropy(self, batch: TokenBatch) -> torch.Tensor:
-        """Entropy of the current policy at the sampling temperature (the `trainer` source)."""
+        """Entropy of the current policy at the sampling temperature (the `trainer` source),
+        `[B, T]` on the host; on several ranks each computes its rows and they are summed."""
         temperature = self.config.sampling.temperature or 1.0
-        rows = []
-        for start in range(0, batch.size, self.config.optim.micro_batch_size):
-            mb = batch.rows(slice(start, start + self.config.optim.micro_batch_size))
-            mb = mb.to(self.device)
+        out = torch.zeros(batch.completion_ids.shape)  # [B, T], on the host with the mask code
+        micro, padding = self._plan(list(range(batch.size)))
+        for k, rows in enumerate(micro):
+            mb = batch.rows(rows).to(self.device)
             with self._autocast():
                 logits = completion_logits(self.model, mb)  # [M, T', V]
-            _, ent = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)  # [M, T']
-            rows.append(
-                torch.nn.functional.pad(ent, (0, batch.completion_ids.shape[1] - ent.shape[1]))
-            )
-        return torch.cat(rows).cpu()  # [B, T], on the host with the mask code
+            if k < len(micro) - padding:  # else a collective the others take part in
+                _, ent = losses.logprobs_and_entropy(logits, mb.completion_ids, temperature)
+                out[rows, : ent.shape[1]] = ent.float().cpu()  # [M, T']
+        return self.dist.sum_tensor(out)
 
     def _split(self, model: Any) -> bool:
-        return self.config.optim.selected_logits and splits_output_layer(model)
+        """Whether the output layer runs on the loss's positions alone (not under FSDP:
+        its root unit gathers the output layer only in the model's own forward)."""
+        return (self.config.optim.selected_logits and splits_output_layer(model)
+                and not is_sharded(model))  # fmt: skip
 
     def _logprobs(
         self, model: Any, mb: TokenBatch, temperature: float, where: torch.Tensor | None
     ) -> torch.Tensor:
         """Log-probs `[M, T]` of the completion tokens; with `where` `[M, T]` only there
         (the output layer and log-softmax run on those positions alone; the rest are 0)."""
-        share = self.config.optim.share_prompt
+        # Not under FSDP: the shared prompt's two forward passes bypass its root unit.
+        share = self.config.optim.share_prompt and not is_sharded(model)
         if where is None:
             with forward_context(self.config, model, self.device):
                 logits = completion_logits(model, mb, share_prefix=share)  # [M, T, V]
