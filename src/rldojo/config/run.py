@@ -60,8 +60,8 @@ class RunConfig(_Section):
     `--nproc N`) trains: `auto` shards with FSDP2 when there are several ranks (one rank:
     no sharding), `fsdp` insists on it, `none` refuses several ranks. Each decoder layer
     and the whole model are sharded (`rldojo.training.distributed`): `rldojo train` (rank
-    0 rolls out and keeps the ledger, every rank trains on its share of the groups) and
-    `rldojo sft`; `rldojo distill` and LoRA refuse several ranks (one line)."""
+    0 rolls out and keeps the ledger, every rank trains on its share of the groups),
+    `rldojo sft` and `rldojo distill`; LoRA refuses several ranks (one line)."""
     dist_timeout_s: float = Field(600.0, gt=0)
     """Longest wait on another rank (a collective): a rank that died makes the others
     stop with an error after at most this long, never hang."""
