@@ -1,6 +1,7 @@
 """The quickstart, recorded: `rldojo train` with no config, then its summary as a result.
 
-    python benchmarks/quickstart.py [--label NAME] [--set key=value ...] [--results DIR] [--dry]
+    python benchmarks/quickstart.py [--label NAME] [--set key=value ...] [--nproc N]
+                                    [--results DIR] [--dry]
 
 Runs exactly what `rldojo train` runs with no config (SmolLM2-135M-Instruct on arith-v1,
 12 steps, greedy held-out accuracy on 128 test problems before and after; `--set`
@@ -13,6 +14,9 @@ rate from its metrics. `make quickstart` runs it. The label defaults to the CPU 
 (`avx512_bf16`, `avx2`, ...) and the core count, so runs on other machines sit beside
 each other.
 
+`--nproc N`: the same run on N ranks of this machine (torchrun, FSDP2: `rldojo train
+--nproc N`), labelled `<cpu>-<cores>cores-<N>ranks`; rank 0 writes the result.
+
 `--dry`: tiny-random, 2 steps, 8 held-out problems, into a temporary folder.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,27 +70,40 @@ def record(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--label", default=None, help="result name (default: the CPU kind)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="config override, as rldojo train --set")  # fmt: skip
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="train on N ranks of this machine (torchrun, FSDP2)")  # fmt: skip
     results_io.add_result_args(parser, "tiny-random, 2 steps, 8 held-out tasks, temp folder")
     args = parser.parse_args()
+    label = args.label or default_label() + (f"-{args.nproc}ranks" if args.nproc > 1 else "")
+    if args.nproc > 1 and "RANK" not in os.environ:  # this script again, on the ranks
+        skip = {i + 1 for i, a in enumerate(sys.argv) if a == "--nproc"}  # and its value
+        argv = [a for i, a in enumerate(sys.argv) if i and i not in skip and a != "--nproc"
+                and not a.startswith("--nproc=")]  # fmt: skip
+        # (torchrun's parser would take a passed-on --nproc for its own --nproc-per-node)
+        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                                str(args.nproc), __file__, *argv, "--label", label])  # fmt: skip
     from rldojo.config import load_config
     from rldojo.training.loop import run_training
 
     started = time.time()
-    label = args.label or default_label()
     overrides = [*(DRY if args.dry else []), *args.overrides]
     output = tempfile.mkdtemp(prefix="quickstart_") if args.dry else "runs"
     config = load_config(None, [f"run.output_dir={output}", *overrides])
     run_dir = Path(config.run.output_dir) / f"quickstart-{label}"
     summary = run_training(config, run_dir=run_dir, overwrite=True)
-    out = results_io.write_result("quickstart", label, record(summary, run_dir),
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # rank 0 writes the result
+    values = record(summary, run_dir) | {"ranks": int(os.environ.get("WORLD_SIZE", "1"))}
+    out = results_io.write_result("quickstart", label, values,
                                   out_dir=args.results, seed=config.run.seed,
                                   started=started, dry=args.dry)  # fmt: skip
     print(f"wrote {out}")
+    return 0
 
 
 if __name__ == "__main__":
