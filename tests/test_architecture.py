@@ -16,14 +16,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "rldojo"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 LAYERS = {
-    "types": 0, "config": 0, "cache": 0, "pyast": 0, "plugins": 0,
+    "types": 0, "config": 0, "cache": 0, "pyast": 0, "plugins": 0, "asgi": 0,
     "hardware": 1, "store": 1, "sandbox": 1, "workers": 1,
     "policy": 2, "data": 2,
     "inference": 3,
     "graders": 4,
     "envs": 5,
     "rollout": 6,
-    "eval": 7, "cluster": 7, "report": 7, "dashboard": 7,
+    "eval": 7, "cluster": 7, "report": 7, "dashboard": 7, "interop": 7,
     "training": 8,
     "service": 9, "api": 9,
     "commands": 10,

@@ -95,7 +95,9 @@ def fake_reasoning_gym(monkeypatch):
     return module
 
 
-def builtin_kwargs(env_id: str, tmp_path) -> dict:
+def builtin_kwargs(env_id: str, tmp_path, request=None) -> dict:
+    if env_id == "openenv-v1":  # it plays a server: arith-v1, served over OpenEnv
+        return {"base_url": request.getfixturevalue("openenv_url"), "tasks": 4}
     if env_id == "math-v1":
         path = tmp_path / "m.jsonl"
         path.write_text(
@@ -109,8 +111,8 @@ def builtin_kwargs(env_id: str, tmp_path) -> dict:
 
 @pytest.mark.parametrize("env_id", list_envs())
 @pytest.mark.slow
-def test_every_builtin_passes(env_id, tmp_path, fake_reasoning_gym):
-    report = check_env(env_id, **builtin_kwargs(env_id, tmp_path))
+def test_every_builtin_passes(env_id, tmp_path, fake_reasoning_gym, request):
+    report = check_env(env_id, **builtin_kwargs(env_id, tmp_path, request))
     assert report.ok, str(report)
     assert [r.name for r in report.results] == [
         "construct",

@@ -27,7 +27,9 @@ def math_file(tmp_path_factory):
     return path
 
 
-def builtin_kwargs(env_id: str, math_file) -> dict:
+def builtin_kwargs(env_id: str, math_file, request=None) -> dict:
+    if env_id == "openenv-v1":  # it plays a server: arith-v1, served over OpenEnv
+        return {"base_url": request.getfixturevalue("openenv_url")}
     if env_id == "math-v1":
         return {"path": str(math_file), "test_fraction": 0.0}
     if env_id == "crm-v1":
@@ -58,8 +60,10 @@ def reasoning_gym_or_stand_in(monkeypatch):
 
 @pytest.mark.slow  # code envs grade in the sandbox
 @pytest.mark.parametrize("env_id", list_envs())
-def test_gymnasium_check_env_passes_for_every_builtin(env_id, math_file, reasoning_gym_or_stand_in):
-    env = to_gymnasium(env_id, n_tasks=8, **builtin_kwargs(env_id, math_file))
+def test_gymnasium_check_env_passes_for_every_builtin(
+    env_id, math_file, reasoning_gym_or_stand_in, request
+):
+    env = to_gymnasium(env_id, n_tasks=8, **builtin_kwargs(env_id, math_file, request))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*alternative render modes.*")
         check_env(env)

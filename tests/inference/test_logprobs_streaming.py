@@ -17,26 +17,12 @@ import torch
 from judge_standin import StandinJudge
 
 from rldojo.inference import ScriptedEngine, start_server
-from rldojo.inference.engine import ChatRequest, TransformersEngine
+from rldojo.inference.engine import ChatRequest
 from rldojo.inference.logprobs import token_pieces, word_pieces
 
 pytestmark = pytest.mark.slow  # rldojo serve over tiny-random
 
 QUESTION = [{"role": "user", "content": "What is 2+2?"}]
-
-
-@pytest.fixture(scope="module")
-def server(tiny):
-    model, tokenizer = tiny
-    engine = TransformersEngine("tiny-random", model=model, tokenizer=tokenizer, dtype="float32")
-    with start_server(engine) as handle:
-        yield handle
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
 
 
 def _ask(client, **kw):
@@ -186,8 +172,9 @@ def test_batched_requests_get_their_own_logprobs(server, monkeypatch):
         # decode holds two or more of them: requests are submitted in order, and they
         # alternate with and without logprobs.
         if not mixes:
-            with engine._cond:
-                arrived = engine._cond.wait_for(lambda: len(batch) + len(engine._jobs) >= 4, 120)
+            queue = engine.queue
+            with queue.cond:
+                arrived = queue.cond.wait_for(lambda: len(batch) + len(queue.jobs) >= 4, 120)
             assert arrived, "the four requests never all arrived"
         mixes.append({job.top_logprobs is None for job in batch})
         generate(batch)

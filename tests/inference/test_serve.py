@@ -10,23 +10,9 @@ import openai
 import pytest
 
 from rldojo.inference import ScriptedEngine, start_server
-from rldojo.inference.engine import ChatRequest, TransformersEngine
+from rldojo.inference.engine import ChatRequest
 
 pytestmark = pytest.mark.slow  # rldojo serve over tiny-random
-
-
-@pytest.fixture(scope="module")
-def server(tiny):
-    model, tokenizer = tiny
-    engine = TransformersEngine("tiny-random", model=model, tokenizer=tokenizer, dtype="float32")
-    with start_server(engine) as handle:
-        yield handle
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
 
 
 def _ask(client, **kw):
@@ -94,7 +80,7 @@ def test_concurrent_requests_are_batched(server, monkeypatch):
         # However the six requests arrive (a loaded machine may space them out), the
         # first decode waits until all are in: the rest then wait in the queue together.
         deadline = time.monotonic() + 120
-        while not decodes and len(batch) + len(engine._jobs) < 6:
+        while not decodes and len(batch) + len(engine.queue.jobs) < 6:
             assert time.monotonic() < deadline, "the six requests never all arrived"
             time.sleep(0.01)
         decodes.append(len(batch))

@@ -19,7 +19,7 @@ import torch
 from vllm_support import needs_vllm, servable_model
 
 from rldojo.config import ConfigError, load_config
-from rldojo.policy.sampling import row_seeds
+from rldojo.policy.token_choice import row_seeds
 from rldojo.policy.vllm_backend import VLLMPolicy, check_vllm, plain_weights
 from rldojo.types import SamplingParams
 

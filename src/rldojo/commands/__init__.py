@@ -25,4 +25,5 @@ COMMAND_MODULES = (
     "rldojo.commands.pipeline",
     "rldojo.commands.config_doc",
     "rldojo.commands.plugins",
+    "rldojo.commands.env_serve",
 )

@@ -29,8 +29,8 @@ def dashboard(
     missing = [str(r) for r in roots if not r.is_dir()]
     if missing:
         fail(f"not a directory: {', '.join(missing)} (give run directories or their folder)")
+    from rldojo.asgi import run_until_stopped
     from rldojo.dashboard.server import start_dashboard
-    from rldojo.inference.server import run_until_stopped
 
     def ready(handle: Any) -> None:
         console.print(f"rldojo dashboard at {handle.url} over {', '.join(map(str, roots))} "

@@ -69,10 +69,10 @@ def user_errors() -> tuple[type[Exception], ...]:
     """The exceptions that are the user's input: one line and exit code 2, never a
     traceback. A `ConfigError` names its config file; the others name a key, a data file,
     an env id or a port, and a command that read a config file puts its name in front."""
+    from rldojo.asgi import PortInUseError
     from rldojo.data.loading import DataError
     from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
     from rldojo.graders.openai_templates import TemplateError
-    from rldojo.inference.server import PortInUseError
     from rldojo.policy.models import ModelLoadError
 
     return (ConfigError, ConfigValueError, DataError, UnknownEnvError, EnvKwargsError,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import uvicorn
 
+from rldojo.asgi import start_in_thread
 from rldojo.dashboard.app import create_app
-from rldojo.inference.server import start_in_thread
 
 
 @dataclass

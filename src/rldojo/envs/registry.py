@@ -59,6 +59,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "rldojo.envs.games.env",
     "rldojo.envs.reasoning_gym.env",
     "rldojo.envs.code",
+    "rldojo.envs.openenv.env",
 )
 """Modules that register the built-in environments when imported."""
 

@@ -3,24 +3,35 @@
 So the default SmolLM2 (or `tiny-random` in tests) can act as a judge or an eval target
 through the real openai client, on loopback, with no network.
 
-- `engine`: `ChatEngine` protocol, `TransformersEngine` (batched local generation),
-  `ScriptedEngine` (replies are a function of the request: deterministic judge stand-in).
-- `app`: the FastAPI routes (/v1/chat/completions, /v1/models, /v1/embeddings).
+- `protocol`: the `ChatEngine` protocol and the requests and results it exchanges.
+- `engine`: `TransformersEngine` (batched local generation, tokens streamed as sampled,
+  LoRA checkpoints merged on load); `batching`: which requests decode together.
+- `scripted`: `ScriptedEngine` (replies are a function of the request: deterministic
+  judge stand-in).
+- `app`: the FastAPI routes, API key and model name; `chat_api` (/v1/chat/completions),
+  `completions` (/v1/completions), `errors` (OpenAI's error shape).
+- `chat_tools`: `tools` rendered into the prompt, ``<tool_call>`` tags parsed into
+  `tool_calls` by `tool_calls` (the parser the environments use too).
 - `logprobs`: per-token texts and raw-model log-probabilities (OpenAI's `logprobs`).
-- `streaming`: `stream: true` replies as OpenAI's server-sent chunks.
+- `token_stream`, `streaming`: tokens as they are sampled, as OpenAI's server-sent chunks.
 - `server`: `start_server(...)` in a background thread, `serve_forever(...)` for the CLI.
+
+What is and is not supported of OpenAI's API: docs/interop.md.
 """
 
-from rldojo.inference.engine import (
+from rldojo.inference.engine import TransformersEngine
+from rldojo.inference.logprobs import TokenLogprob
+from rldojo.inference.protocol import (
     ChatChoice,
     ChatEngine,
     ChatRequest,
     ChatResult,
-    ScriptedEngine,
-    TokenLogprob,
-    TransformersEngine,
-    bag_of_letters,
+    ChatStream,
+    CompletionRequest,
+    CompletionResult,
+    RequestError,
 )
+from rldojo.inference.scripted import ScriptedEngine, bag_of_letters
 from rldojo.inference.server import ServerHandle, make_engine, serve_forever, start_server
 
 __all__ = [
@@ -28,6 +39,10 @@ __all__ = [
     "ChatEngine",
     "ChatRequest",
     "ChatResult",
+    "ChatStream",
+    "CompletionRequest",
+    "CompletionResult",
+    "RequestError",
     "ScriptedEngine",
     "ServerHandle",
     "TokenLogprob",

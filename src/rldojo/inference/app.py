@@ -1,90 +1,59 @@
 """The OpenAI-compatible HTTP API of `rldojo serve`, over any `ChatEngine`.
 
-Routes (the subset judges and eval clients use):
+Routes (what judges, eval harnesses and OpenAI clients use):
 
     GET  /v1/models               the one served model
-    POST /v1/chat/completions     messages -> n choices, with usage token counts
+    POST /v1/chat/completions     messages (and tools) -> n choices, whole or streamed
+                                  (`rldojo.inference.chat_api`)
+    POST /v1/completions          raw prompts or token ids -> n choices, `echo` and legacy
+                                  `logprobs` to score prompts (`rldojo.inference.completions`)
     POST /v1/embeddings           texts -> vectors (float or base64, as the openai SDK asks)
-    GET  /health                  liveness
+    GET  /health                  liveness (never asks for a key)
 
-Chat completions follow OpenAI's API, including:
+The model's name is the engine's (the `--model` given) unless `served_model_name` sets
+another; a request naming any other model is a 404 with code ``model_not_found``. With
+an `api_key`, every /v1 route wants ``Authorization: Bearer <key>`` and answers 401
+(code ``invalid_api_key``) without it; without one, nothing is asked.
 
-- `logprobs: true` (and `top_logprobs: K`, 0..20): each choice gets
-  ``logprobs: {"content": [{"token", "logprob", "bytes", "top_logprobs"}, ...]}``, one
-  entry per completion token, from the raw model distribution (before temperature and
-  top_p, as vLLM does by default; `rldojo.inference.logprobs`). `top_logprobs` without
-  `logprobs: true` is a 400, as on OpenAI.
-- `stream: true`: server-sent `chat.completion.chunk` events, `stream_options:
-  {"include_usage": true}` and a final ``data: [DONE]`` (`rldojo.inference.streaming`). The
-  reply is generated whole, then sent token by token.
-
-Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, so the
-openai SDK raises its usual exceptions (`BadRequestError`, `NotFoundError`). Unknown
-request fields are accepted and ignored, as vLLM does.
+Errors use OpenAI's shape (`rldojo.inference.errors`), so the openai SDK raises its usual
+exceptions; a route this server does not have (/v1/responses) is a 404 in that shape
+too. Unknown request fields are accepted and ignored, as vLLM does.
 """
 
 from __future__ import annotations
 
 import base64
+import hmac
+import re
 import struct
 import time
-import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rldojo.inference.engine import ChatEngine, ChatRequest, ChatResult
-from rldojo.inference.logprobs import logprobs_json
-from rldojo.inference.streaming import sse_events, usage_json
+from rldojo.inference.chat_api import (
+    ChatIn,
+    chat_request,
+    chat_response,
+    invalid_combination,
+    streaming_response,
+)
+from rldojo.inference.completions import (
+    CompletionIn,
+    completion_request,
+    completion_response,
+    completion_stream,
+    invalid_completion,
+)
+from rldojo.inference.errors import openai_error, request_error
+from rldojo.inference.protocol import ChatEngine, RequestError
 
-__all__ = ["MAX_TOKENS_DEFAULT", "build_app"]
-
-MAX_TOKENS_DEFAULT = 256
-"""Completion tokens when the request names no limit (vLLM uses the context length)."""
-
-
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str = "text"
-    text: str = ""
-
-
-class _MessageIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[_Part] | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content if p.type in ("text", "input_text"))
-
-
-class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool | None = False
-
-
-class ChatIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str
-    messages: list[_MessageIn] = Field(min_length=1)
-    max_tokens: int | None = Field(None, gt=0, le=8192)
-    max_completion_tokens: int | None = Field(None, gt=0, le=8192)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=16)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool | None = False
-    stream_options: _StreamOptions | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+__all__ = ["build_app"]
 
 
 class _EmbedIn(BaseModel):
@@ -94,78 +63,10 @@ class _EmbedIn(BaseModel):
     encoding_format: str = "float"
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return JSONResponse(body, status_code=status)
-
-
-def _role(role: str) -> str:
-    return "system" if role == "developer" else role
-
-
-def chat_request(body: ChatIn) -> ChatRequest:
-    stop = body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else [])
-    return ChatRequest(
-        messages=[{"role": _role(m.role), "content": m.text()} for m in body.messages],
-        max_tokens=body.max_completion_tokens or body.max_tokens or MAX_TOKENS_DEFAULT,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        n=body.n,
-        seed=body.seed,
-        stop=tuple(s for s in stop if s),
-        model=body.model,
-        logprobs=bool(body.logprobs),
-        top_logprobs=body.top_logprobs or 0,
-    )
-
-
-def invalid_combination(body: ChatIn) -> JSONResponse | None:
-    """Fields that are valid alone but not together (OpenAI and vLLM reject these too)."""
-    if body.top_logprobs is not None and not body.logprobs:
-        message = "top_logprobs requires logprobs to be true"
-        return _error(400, message, "invalid_request_error", "top_logprobs")
-    if body.stream_options is not None and not body.stream:
-        message = "stream_options is only allowed when stream is true"
-        return _error(400, message, "invalid_request_error", "stream_options")
-    return None
-
-
 def _encode_vector(vector: list[float], fmt: str) -> Any:
     if fmt == "base64":
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
     return vector
-
-
-def chat_response(model: str, result: ChatResult) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": c.text},
-                "finish_reason": c.finish_reason,
-                "logprobs": logprobs_json(c.logprobs) if c.logprobs is not None else None,
-            }
-            for i, c in enumerate(result.choices)
-        ],
-        "usage": usage_json(result),
-    }
-
-
-def stream_response(model: str, result: ChatResult, body: ChatIn) -> StreamingResponse:
-    events = sse_events(
-        result,
-        completion_id=f"chatcmpl-{uuid.uuid4().hex}",
-        created=int(time.time()),
-        model=model,
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
-    )
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
 
 
 def _embedding_response(
@@ -183,26 +84,96 @@ def _embedding_response(
     }
 
 
-def build_app(engine: ChatEngine) -> FastAPI:
-    """The FastAPI app serving `engine` under the name `engine.model`."""
+_UNION_ARM = re.compile(r"^(str|int|float|bool|none)$|[\[\]]")
+"""A location part pydantic adds for the arm of a union a value failed (`list[int]`)."""
+
+
+def _field_path(loc: Sequence[Any]) -> str:
+    """The request field a validation error is about, as `tools.0.function.name`."""
+    parts = [str(p) for p in loc if p != "body" and not _UNION_ARM.search(str(p))]
+    return ".".join(parts)
+
+
+def _engine_failed(exc: Exception) -> JSONResponse:
+    if isinstance(exc, RequestError):
+        return request_error(exc)
+    return openai_error(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+def _require_key(app: FastAPI, api_key: str) -> None:
+    """Every /v1 request must carry ``Authorization: Bearer <api_key>``."""
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def check_key(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                message = "Incorrect API key provided: pass it as 'Authorization: Bearer <key>'"
+                return openai_error(401, message, code="invalid_api_key")
+        return await call_next(request)
+
+
+def _wrong_model(asked: str, name: str) -> JSONResponse | None:
+    if asked == name:
+        return None
+    message = f"The model `{asked}` does not exist; this server serves `{name}`."
+    return openai_error(404, message, "invalid_request_error", "model", "model_not_found")
+
+
+def _generation_routes(app: FastAPI, engine: ChatEngine, name: str) -> None:
+    """/v1/chat/completions and /v1/completions: whole replies, or streams."""
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatIn) -> dict[str, Any] | JSONResponse | StreamingResponse:
+        if (wrong := _wrong_model(body.model, name) or invalid_combination(body)) is not None:
+            return wrong
+        try:
+            if body.stream:
+                return streaming_response(name, await engine.stream(chat_request(body)), body)
+            result = await engine.chat(chat_request(body))
+        except Exception as exc:  # the engine failed: a 500 the client may retry
+            return _engine_failed(exc)
+        return chat_response(name, result, tools=body.uses_tools())
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(
+        body: CompletionIn,
+    ) -> dict[str, Any] | JSONResponse | StreamingResponse:
+        if (wrong := _wrong_model(body.model, name) or invalid_completion(body)) is not None:
+            return wrong
+        try:
+            if body.stream:
+                return completion_stream(name, await engine.stream(completion_request(body)), body)
+            result = await engine.complete(completion_request(body))
+        except Exception as exc:
+            return _engine_failed(exc)
+        return completion_response(name, result, body)
+
+
+def build_app(
+    engine: ChatEngine, *, served_model_name: str | None = None, api_key: str | None = None
+) -> FastAPI:
+    """The FastAPI app serving `engine` under `served_model_name` (default: `engine.model`);
+    `api_key`: the bearer token every /v1 request must carry (None: no check)."""
     app = FastAPI(title="rldojo serve", docs_url=None, redoc_url=None)
+    name = served_model_name or engine.model
     started = int(time.time())
+    if api_key:
+        _require_key(app, api_key)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"] if p != "body")
-        return _error(400, f"{where}: {err['msg']}", "invalid_request_error", where)
+        where = _field_path(err["loc"])
+        return openai_error(400, f"{where}: {err['msg']}", "invalid_request_error", where)
 
-    def _check_model(name: str) -> JSONResponse | None:
-        if name != engine.model:
-            return _error(
-                404,
-                f"The model `{name}` does not exist; this server serves `{engine.model}`.",
-                "NotFoundError",
-                "model",
-            )
-        return None
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {exc.detail}"  # e.g. /v1/responses
+        return openai_error(exc.status_code, message, "invalid_request_error")
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -210,30 +181,20 @@ def build_app(engine: ChatEngine) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": engine.model, "object": "model", "created": started, "owned_by": "rldojo"}
+        card = {"id": name, "object": "model", "created": started, "owned_by": "rldojo"}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatIn) -> dict[str, Any] | JSONResponse | StreamingResponse:
-        if (wrong := _check_model(body.model) or invalid_combination(body)) is not None:
-            return wrong
-        try:
-            result = await engine.chat(chat_request(body))
-        except Exception as exc:  # the engine failed: a 500 the client may retry
-            return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
-        if body.stream:
-            return stream_response(engine.model, result, body)
-        return chat_response(engine.model, result)
+    _generation_routes(app, engine, name)
 
     @app.post("/v1/embeddings", response_model=None)
     async def embeddings(body: _EmbedIn) -> dict[str, Any] | JSONResponse:
-        if (wrong := _check_model(body.model)) is not None:
+        if (wrong := _wrong_model(body.model, name)) is not None:
             return wrong
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         try:
             vectors = await engine.embed(texts)
         except Exception as exc:
-            return _error(500, f"{type(exc).__name__}: {exc}", "server_error")
-        return _embedding_response(engine.model, texts, vectors, body.encoding_format)
+            return _engine_failed(exc)
+        return _embedding_response(name, texts, vectors, body.encoding_format)
 
     return app

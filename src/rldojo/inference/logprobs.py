@@ -23,6 +23,10 @@ completion through the model that generated (its dtype included): the sampler ke
 only the chosen token's log-probability, at the sampling temperature. That pass sees the
 same logits as decoding did, up to floating-point summation order (a cached decode and a
 full forward pass add in different orders; in bf16 the two may differ in the last bits).
+A streamed reply cannot wait for that pass: its entries come from the logits each token
+was sampled from (`token_entries`), the same distribution up to that summation order.
+`echo` on /v1/completions scores the prompt's own tokens with one pass too
+(`score_sequence`); the first prompt token, which nothing precedes, has no logprob.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ __all__ = [
     "LOGPROB_FLOOR",
     "TokenLogprob",
     "logprobs_json",
+    "prompt_pieces",
+    "score_sequence",
     "score_tokens",
     "scripted_logprobs",
+    "token_entries",
     "token_pieces",
     "word_pieces",
 ]
@@ -79,7 +86,9 @@ def _exact_pieces(tokenizer: Any, token_ids: Sequence[int], text: str) -> tuple[
     return tuple(pieces)
 
 
-def _incremental_pieces(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
+def _incremental_pieces(
+    tokenizer: Any, token_ids: Sequence[int], *, skip_special: bool = True
+) -> list[str]:
     """Streaming detokenization over a short window of earlier tokens (linear time).
 
     A token whose text would end in U+FFFD (an incomplete UTF-8 character) adds nothing
@@ -89,8 +98,8 @@ def _incremental_pieces(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     start = read = 0  # window start; first token not yet turned into text
     ids = list(token_ids)
     for i in range(1, len(ids) + 1):
-        before = tokenizer.decode(ids[start:read], skip_special_tokens=True)
-        after = tokenizer.decode(ids[start:i], skip_special_tokens=True)
+        before = tokenizer.decode(ids[start:read], skip_special_tokens=skip_special)
+        after = tokenizer.decode(ids[start:i], skip_special_tokens=skip_special)
         if len(after) > len(before) and not after.endswith("\ufffd"):
             pieces.append(after[len(before) :])
             start, read = read, i
@@ -131,17 +140,48 @@ def score_tokens(
     One forward pass of prompt + completion (all but the last token, whose successor is
     not needed), keeping the logits of the completion's positions only.
     """
+    return score_sequence(model, tokenizer, [*prompt, *token_ids], len(prompt), pieces, top_k)
+
+
+def score_sequence(
+    model: Any,
+    tokenizer: Any,
+    ids: Sequence[int],
+    start: int,
+    pieces: Sequence[str],
+    top_k: int,
+) -> tuple[TokenLogprob, ...]:
+    """Raw-model logprobs of `ids[start:]` (`start` >= 1), each given the ids before it,
+    with the `top_k` alternatives; `pieces`: the text of each of those tokens. One
+    forward pass: how `echo` scores a prompt's tokens (/v1/completions)."""
     import torch
 
-    n = len(token_ids)
-    if n == 0:
+    n = len(ids) - start
+    if n <= 0:
         return ()
-    ids = torch.tensor([[*prompt, *token_ids[:-1]]], dtype=torch.long)  # [1, P+C-1]
+    if start < 1:
+        raise ValueError("the first token has no logprob: start must be >= 1")
+    inputs = torch.tensor([list(ids[:-1])], dtype=torch.long)  # [1, L-1]
     with torch.no_grad():
-        logits = model(input_ids=ids, logits_to_keep=n).logits[0]  # [C, V]
-    logp = torch.log_softmax(logits.float(), dim=-1).clamp_(min=LOGPROB_FLOOR)  # [C, V]
-    chosen = logp.gather(-1, torch.tensor(token_ids, dtype=torch.long)[:, None])  # [C, 1]
-    top_lp, top_ids = logp.topk(top_k, dim=-1)  # [C, K]
+        logits = model(input_ids=inputs, logits_to_keep=n).logits[0]  # [N, V]
+    return token_entries(tokenizer, logits, ids[start:], pieces, top_k)
+
+
+def token_entries(
+    tokenizer: Any,
+    logits: Any,
+    token_ids: Sequence[int],
+    pieces: Sequence[str],
+    top_k: int,
+) -> tuple[TokenLogprob, ...]:
+    """One `TokenLogprob` per token from the raw logits it was drawn from (`logits`
+    [N, V], row i for token i): the log-softmax, clamped at `LOGPROB_FLOOR`."""
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1).clamp_(min=LOGPROB_FLOOR)  # [N, V]
+    index = torch.tensor(list(token_ids), dtype=torch.long, device=logp.device)  # [N]
+    chosen = logp.gather(-1, index[:, None])[:, 0].tolist()  # [N]
+    top_lp, top_ids = logp.topk(top_k, dim=-1)  # [N, K]
     names = _token_names(tokenizer, top_ids.flatten().tolist())
     entries = []
     for pos, (tok, piece) in enumerate(zip(token_ids, pieces, strict=True)):
@@ -149,8 +189,19 @@ def score_tokens(
             (piece if alt == tok else names[alt], lp)
             for alt, lp in zip(top_ids[pos].tolist(), top_lp[pos].tolist(), strict=True)
         )
-        entries.append(TokenLogprob(piece, float(chosen[pos, 0]), top))
+        entries.append(TokenLogprob(piece, float(chosen[pos]), top))
     return tuple(entries)
+
+
+def prompt_pieces(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, ...]:
+    """The text of each prompt token, special tokens written out (a prompt is echoed as
+    it was given); they join to the prompt's decoded text."""
+    pieces = _incremental_pieces(tokenizer, token_ids, skip_special=False)
+    whole = tokenizer.decode(list(token_ids), skip_special_tokens=False)
+    joined = "".join(pieces)
+    if pieces and whole.startswith(joined):  # a last character left incomplete
+        pieces[-1] += whole[len(joined) :]
+    return tuple(pieces)
 
 
 def _token_names(tokenizer: Any, ids: list[int]) -> dict[int, str]:

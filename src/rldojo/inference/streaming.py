@@ -1,117 +1,167 @@
-"""`stream: true` on /v1/chat/completions: a finished `ChatResult` as OpenAI's SSE chunks.
+"""`stream: true`: a `ChatStream` as OpenAI's server-sent events, sent as tokens are sampled.
 
-The engine generates the whole reply first; this module then replays it token by token
-(the sampler has no per-step callback), so the first chunk arrives when generation is
-done, but the wire format is OpenAI's and the deltas join to the non-streaming content.
-An engine error therefore still comes back as an ordinary JSON error, never mid-stream.
+`TransformersEngine.stream` yields each token as the sampler draws it, so the first
+chunk leaves while the reply is still being generated; an engine that cannot stream
+(`ScriptedEngine`, the fine-tuning service's replay) hands a finished reply over as a
+stream (`ChatStream.replay`) and the wire format is the same. The deltas join to the
+non-streaming content.
 
-The stream, each event a ``data: <json>\\n\\n`` line:
+The chat stream (/v1/chat/completions), each event a ``data: <json>\\n\\n`` line:
 
 1. per choice, a `chat.completion.chunk` whose delta is ``{"role": "assistant",
    "content": ""}``;
-2. per completion token (`ChatChoice.pieces`), a chunk whose delta is
-   ``{"content": piece}``, with that token's ``logprobs: {"content": [entry]}`` when
-   the request asked for logprobs; choices interleave, token by token, each chunk naming
-   its choice's `index`. A choice's last token chunk carries its `finish_reason` (as
-   vLLM sends it; a choice with no tokens gets a chunk with an empty delta instead);
-3. with ``stream_options: {"include_usage": true}``, every chunk above has
+2. per completion token, a chunk whose delta is ``{"content": piece}``, with that
+   token's ``logprobs: {"content": [entry]}`` when the request asked for logprobs;
+   choices interleave as they are sampled, each chunk naming its choice's `index`. A
+   choice's last token chunk carries its `finish_reason` (as vLLM sends it; a choice
+   with no tokens gets a chunk with an empty delta instead);
+3. with tools offered, text from ``<tool_call>`` on is held back; at the end the calls
+   go in one chunk, ``{"tool_calls": [...]}`` with finish_reason ``tool_calls``
+   (`rldojo.inference.chat_tools`);
+4. with ``stream_options: {"include_usage": true}``, every chunk above has
    ``usage: null`` and a last chunk has empty `choices` and the request's `usage`;
-4. ``data: [DONE]``.
+5. ``data: [DONE]``.
+
+An engine error before the first token is an ordinary JSON error (the engine raises
+from `stream` itself); one midway is a last ``data: {"error": {...}}`` event before
+``[DONE]``, which the openai SDK raises as an `APIError`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from rldojo.inference.engine import ChatChoice, ChatResult
+from rldojo.inference.chat_tools import TOOL_CALL_OPEN, split_tool_calls
 from rldojo.inference.logprobs import logprobs_json
+from rldojo.inference.protocol import ChatResult, ChatStream, TokenEvent
+from rldojo.inference.token_stream import releasable
 
-__all__ = ["sse_events", "usage_json"]
+__all__ = ["chat_events", "sse", "sse_stream", "usage_json"]
 
 
 def usage_json(result: ChatResult) -> dict[str, int]:
     """OpenAI's `usage` object: prompt tokens once, completion tokens of all choices."""
     completion_tokens = sum(c.completion_tokens for c in result.choices)
+    return usage_counts(result.prompt_tokens, completion_tokens)
+
+
+def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
-        "prompt_tokens": result.prompt_tokens,
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": result.prompt_tokens + completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 
-def _pieces(choice: ChatChoice) -> tuple[str, ...]:
-    """The choice's token texts; one piece with the whole text if the engine gave none."""
-    if choice.pieces or not choice.text:
-        return choice.pieces
-    return (choice.text,)
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    body = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {body}\n\n"
 
 
-def _choice_deltas(index: int, choice: ChatChoice) -> list[dict[str, Any]]:
-    """The `choices[0]` entries this choice streams, in order."""
-    deltas: list[dict[str, Any]] = [
-        {
-            "index": index,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
-    ]
-    pieces = _pieces(choice)
-    for pos, piece in enumerate(pieces):
-        logprobs = None
-        if choice.logprobs is not None and pos < len(choice.logprobs):
-            logprobs = logprobs_json(choice.logprobs[pos : pos + 1])
-        last = pos == len(pieces) - 1
-        deltas.append(
-            {
-                "index": index,
-                "delta": {"content": piece},
-                "logprobs": logprobs,
-                "finish_reason": choice.finish_reason if last else None,
-            }
-        )
-    if not pieces:
-        deltas.append(
-            {"index": index, "delta": {}, "logprobs": None, "finish_reason": choice.finish_reason}
-        )
-    return deltas
+async def sse_stream(
+    stream: ChatStream,
+    first: list[dict[str, Any]],
+    chunk: Callable[[TokenEvent], list[dict[str, Any]]],
+    wrap: Callable[[list[dict[str, Any]], dict[str, int] | None], dict[str, Any]],
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The events of a stream: `first` choice entries, then `chunk(event)`'s entries per
+    token, each wrapped (`wrap(choices, usage)`) in its own event; then the usage (when
+    asked for), an error if generation failed midway, and ``[DONE]``."""
+    completion_tokens = 0
+    try:
+        for entry in first:
+            yield sse(wrap([entry], None))
+        async for event in stream.events:
+            completion_tokens += event.piece is not None
+            for entry in chunk(event):
+                yield sse(wrap([entry], None))
+    except Exception as exc:  # generation failed midway: the status line is long gone
+        error = {"message": f"{type(exc).__name__}: {exc}", "type": "server_error",
+                 "param": None, "code": None}  # fmt: skip
+        yield sse({"error": error})
+    else:
+        if include_usage:
+            yield sse(wrap([], usage_counts(stream.prompt_tokens, completion_tokens)))
+    yield sse("[DONE]")
 
 
-def _interleaved(result: ChatResult) -> Iterator[dict[str, Any]]:
-    """Choice entries round-robin: every choice's first entry, then every second, ..."""
-    streams = [_choice_deltas(i, c) for i, c in enumerate(result.choices)]
-    for step in range(max((len(s) for s in streams), default=0)):
-        for entries in streams:
-            if step < len(entries):
-                yield entries[step]
+@dataclass
+class _ToolHold:
+    """One choice's text with tools offered: released up to ``<tool_call>``, the calls
+    parsed when the choice ends."""
+
+    text: str = ""
+    sent: int = 0
+
+    def add(self, piece: str) -> str:
+        self.text += piece
+        upto = releasable(self.text, (TOOL_CALL_OPEN,))
+        out = self.text[self.sent : upto] if upto > self.sent else ""
+        self.sent = max(self.sent, upto)
+        return out
+
+    def end(self) -> tuple[str, list[dict[str, Any]]]:
+        """The content not yet sent, and the reply's tool calls."""
+        content, calls = split_tool_calls(self.text)
+        content = content or ""
+        rest = content[self.sent :] if content.startswith(self.text[: self.sent]) else ""
+        return rest, calls
 
 
-def sse_events(
-    result: ChatResult,
+def chat_events(
+    stream: ChatStream,
     *,
     completion_id: str,
     created: int,
     model: str,
     include_usage: bool,
-) -> Iterator[str]:
-    """The server-sent events of `result`, ``[DONE]`` included (see the module docstring)."""
+    tools: bool = False,
+) -> AsyncIterator[str]:
+    """The server-sent events of a chat stream (see the module docstring); `tools`: the
+    request offered tools, so ``<tool_call>`` tags in the reply become `tool_calls`."""
+    holds = [_ToolHold() for _ in range(stream.choices)] if tools else []
 
-    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None) -> str:
-        chunk: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
+    def wrap(choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+        out = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+               "model": model, "choices": choices}  # fmt: skip
+        return out | {"usage": usage} if include_usage else out
+
+    def chunk(event: TokenEvent) -> list[dict[str, Any]]:
+        logprobs = logprobs_json([event.logprob]) if event.logprob is not None else None
+        entry: dict[str, Any] = {"index": event.index, "delta": {}, "logprobs": logprobs,
+                                 "finish_reason": event.finish_reason}  # fmt: skip
+        if event.piece is None:  # no token: the choice only ends
+            return [entry]
+        if not holds:
+            entry["delta"] = {"content": event.piece}
+            return [entry]
+        hold = holds[event.index]
+        content = hold.add(event.piece)
+        entry["delta"] = {"content": content}
+        if event.finish_reason is None:
+            return [entry]
+        rest, calls = hold.end()
+        entry["delta"] = {"content": content + rest}
+        if not calls:
+            return [entry]
+        entry["finish_reason"] = None
+        deltas = [{"index": j, **call} for j, call in enumerate(calls)]
+        last = {"index": event.index, "delta": {"tool_calls": deltas}, "logprobs": None,
+                "finish_reason": "tool_calls"}  # fmt: skip
+        return [entry, last]
+
+    role = [
+        {
+            "index": i,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
         }
-        if include_usage:
-            chunk["usage"] = usage
-        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-
-    for entry in _interleaved(result):
-        yield event([entry], None)
-    if include_usage:
-        yield event([], usage_json(result))
-    yield "data: [DONE]\n\n"
+        for i in range(stream.choices)
+    ]
+    return sse_stream(stream, role, chunk, wrap, include_usage)

@@ -15,7 +15,8 @@ mask - 1), so a row's tokens do not depend on which rows it shared a batch with 
 float summation order). Static chunks, by contrast, wait for their longest row.
 
 Seeds: each prompt gets its own generator, seeded from `(params.seed, prompt index)`, so a
-seeded call is reproducible and its samples do not depend on `max_batch`.
+seeded call is reproducible and its samples do not depend on `max_batch`. How a token is
+picked, and the seeds: `rldojo.policy.token_choice`.
 
 Input: prompt token ids. Output: per prompt (in input order), the sampled token ids, their
 behaviour log-probabilities and entropies at the sampling temperature, and the finish reason.
@@ -23,7 +24,7 @@ behaviour log-probabilities and entropies at the sampling temperature, and the f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ from rldojo.policy.prefix_cache import (
     kv_layers,
     store_rows,
 )
+from rldojo.policy.token_choice import row_generators, sample_next
 from rldojo.types import SamplingParams
 
 
@@ -50,6 +52,32 @@ class SampledBatch:
     logprobs: list[list[float]]
     entropies: list[list[float]]
     finish_reasons: list[str]
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """What one decode step sampled, for a caller that uses tokens as they come (`rldojo
+    serve` streams them) rather than when the whole batch is done."""
+
+    rows: list[int]
+    """Prompt index of each batch row."""
+    tokens: list[int]
+    """The token sampled for each row."""
+    logits: torch.Tensor  # [B, V]
+    """The raw next-token logits each row's token was sampled from (before temperature)."""
+    finished: list[str | None]
+    """Per row: `stop` or `length` when this token ended it, else None."""
+
+    @staticmethod
+    def of(run: _Running, token: torch.Tensor, keep: list[int], result: SampledBatch) -> DecodeStep:
+        """The step just sampled: `token` per row of `run`, `keep` the rows going on."""
+        kept = set(keep)
+        finished = [None if i in kept else result.finish_reasons[r] for i, r in enumerate(run.rows)]
+        return DecodeStep(list(run.rows), token.tolist(), run.logits, finished)
+
+
+StepHook = Callable[[DecodeStep], None]
+"""Called on the sampling thread after every decode step (`sample(on_step=...)`)."""
 
 
 @dataclass
@@ -77,68 +105,10 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 # A shared prefix shorter than this is prefilled with each prompt (not worth a pass).
 MIN_SHARED_PREFIX = 4
 
-Generators = torch.Generator | Sequence[torch.Generator] | None  # one for the batch, or one per row
-
-
-def _uniforms(n: int, generator: Generators) -> torch.Tensor:
-    if generator is None:
-        return torch.rand(n, 1)  # [B, 1]
-    if isinstance(generator, torch.Generator):
-        return torch.rand(n, 1, generator=generator)  # [B, 1]
-    return torch.cat([torch.rand(1, generator=g) for g in generator])[:, None]  # [B, 1]
-
-
-def sample_next(
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generator: Generators,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pick one token per row; `generator` is one for the batch or one per row.
-
-    Returns `(token [B], logprob [B], entropy [B])`, the last two at the sampling
-    temperature (greedy: temperature 1), so the trainer can select forking tokens of the
-    on-policy batch without a second forward pass.
-    """
-    logits = logits.float()  # [B, V]
-    temperature = 1.0 if params.greedy else params.temperature
-    logp = torch.log_softmax(logits / temperature, dim=-1)  # [B, V]
-    probs = logp.exp()  # [B, V]
-    # A -inf logit (masked token) makes 0 * -inf = NaN: clamp the log-probs first.
-    entropy = -(probs * logp.clamp_min(torch.finfo(logp.dtype).min)).sum(-1)  # [B]
-    if params.greedy:
-        token = logits.argmax(dim=-1)  # [B]
-        return token, logp.gather(-1, token[:, None]).squeeze(-1), entropy
-    if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)  # [B, V]
-        outside = sorted_p.cumsum(-1) - sorted_p > params.top_p  # [B, V]
-        sorted_p = sorted_p.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)  # [B, V]
-    cdf = probs.cumsum(dim=-1)  # [B, V]
-    # Uniforms come from CPU generators (seeded runs sample alike on every device).
-    u = _uniforms(probs.shape[0], generator).to(cdf.device) * cdf[:, -1:]  # [B, 1]
-    token = torch.searchsorted(cdf, u).clamp_(max=probs.shape[1] - 1).squeeze(-1)  # [B]
-    return token, logp.gather(-1, token[:, None]).squeeze(-1), entropy
-
 
 def _hits_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> bool:
     tail = tokenizer.decode(tokens[-8:], skip_special_tokens=False)
     return any(s in tail for s in stops)
-
-
-def row_seeds(seed: int | None, n: int) -> list[int | None]:
-    """One seed per prompt from `(seed, prompt index)`: a row's seed depends on neither
-    the batch size nor the batching (the vLLM backend seeds its requests the same way)."""
-    if seed is None:
-        return [None] * n
-    draws = torch.randint(0, 2**62, (n,), generator=torch.Generator().manual_seed(seed))
-    return [int(s) for s in draws]
-
-
-def _row_generators(seed: int | None, n: int) -> list[torch.Generator] | None:
-    """One generator per prompt, seeded by `row_seeds`."""
-    if seed is None:
-        return None
-    return [torch.Generator().manual_seed(int(s)) for s in row_seeds(seed, n) if s is not None]
 
 
 def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -307,6 +277,7 @@ def sample(
     max_batch: int | None = None,
     refill_at: int | None = None,
     prefix_cache: PrefixCache | None = None,
+    on_step: StepHook | None = None,
 ) -> SampledBatch:
     """Decode up to `params.max_new_tokens` per prompt with a KV cache; results in prompt order.
 
@@ -314,7 +285,8 @@ def sample(
     the running batch once `refill_at` slots are free (default `max(1, max_batch // 4)`,
     or fewer when fewer prompts are pending); `refill_at = max_batch` gives static chunks.
     `prefix_cache`: prompts that continue a conversation it holds prefill only their new
-    tokens, and each finished row's keys and values are stored in it.
+    tokens, and each finished row's keys and values are stored in it. `on_step` sees each
+    step's tokens as they are sampled (`DecodeStep`: a server streams them).
     """
     n = len(prompts)
     cap = n if max_batch is None else max_batch
@@ -325,7 +297,7 @@ def sample(
                           [[] for _ in range(n)], ["length"] * n)  # fmt: skip
     if n == 0 or params.max_new_tokens <= 0:
         return result
-    generators = _row_generators(params.seed, n)
+    generators = row_generators(params.seed, n)
     run: _Running | None = None
     pending = 0  # index of the next prompt to prefill
     while True:
@@ -342,6 +314,8 @@ def sample(
         row_gens = [generators[r] for r in run.rows] if generators is not None else None
         token, logp, ent = sample_next(run.logits, params, row_gens)  # [B], [B], [B]
         keep = _record(result, run.rows, token, logp, ent, tokenizer, params, eos_ids)
+        if on_step is not None:
+            on_step(DecodeStep.of(run, token, keep, result))
         if prefix_cache is not None and len(keep) < len(run.rows):
             kept, ids = set(keep), result.token_ids  # a finished row was fed all but its last
             ended = {i: prompts[r] + ids[r][:-1] for i, r in enumerate(run.rows) if i not in kept}

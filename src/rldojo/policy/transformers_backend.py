@@ -36,7 +36,7 @@ import torch
 from rldojo.policy import lora
 from rldojo.policy.base import chat_template_ids, completion_text, stop_ids
 from rldojo.policy.prefix_cache import PrefixCache, weights_fingerprint
-from rldojo.policy.sampling import sample
+from rldojo.policy.sampling import StepHook, sample
 from rldojo.types import Completion, Message, SamplingParams
 
 # Rows decoded at once. On 2 cores in bf16, 64 rows in one batch give ~2x the tokens/s of
@@ -115,15 +115,21 @@ class TransformersPolicy:
         return chat_template_ids(self.tokenizer, messages, tools)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        *,
+        on_step: StepHook | None = None,
     ) -> list[Completion]:
+        """One completion per prompt; `on_step` sees every decode step's tokens as they are
+        sampled (`rldojo.policy.sampling.DecodeStep`; `rldojo serve` streams them)."""
         with self._lock:
             if not self._transient:
                 self._load_staged()
-                return self._generate(prompts, sampling, self._gen_model)
+                return self._generate(prompts, sampling, self._gen_model, on_step)
             self._cast_weights()
             try:
-                return self._generate(prompts, sampling, self._train_model)
+                return self._generate(prompts, sampling, self._train_model, on_step)
             finally:
                 self._drop_weights()
 
@@ -145,7 +151,11 @@ class TransformersPolicy:
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     def _generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, weights: Any
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        weights: Any,
+        on_step: StepHook | None = None,
     ) -> list[Completion]:
         """Sample with the generation model; `weights`: the model whose parameters it
         holds now (a change of theirs empties the prefix cache)."""
@@ -162,6 +172,7 @@ class TransformersPolicy:
                 self.eos_ids,
                 max_batch=self.max_batch,
                 prefix_cache=self.prefix_cache,
+                on_step=on_step,
             )
         finally:
             self._gen_model.train(was_training)

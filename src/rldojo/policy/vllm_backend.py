@@ -64,7 +64,7 @@ import torch
 from rldojo.config import ConfigError, TrainConfig
 from rldojo.policy import vllm_lora
 from rldojo.policy.base import chat_template_ids, completion_text, stop_ids
-from rldojo.policy.sampling import row_seeds
+from rldojo.policy.token_choice import row_seeds
 from rldojo.types import Completion, FinishReason, Message, SamplingParams
 
 

@@ -3,7 +3,7 @@
     GET  /v1/models, /v1/models/{id}   base models + the caller's succeeded fine-tunes and
                                        their checkpoints (`ft:…:ckpt-step-N`)
     POST /v1/chat/completions          any of them, through `rldojo serve`'s engine and
-                                       request handling (`rldojo.inference.app`)
+                                       request handling (`rldojo.inference.chat_api`)
     POST /v1/completions               a raw prompt (no chat template)
     POST /v1/fine_tuning/alpha/graders/validate   {grader} -> {grader} or 400; with an
                                        `item` (and `model_sample`), also graded: a grader
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from rldojo.inference.app import (
+from rldojo.inference.chat_api import (
     ChatIn,
     chat_request,
     chat_response,
@@ -219,7 +219,7 @@ def models_router(
         result = await engine.chat(chat_request(body))
         if body.stream:
             return stream_response(body.model, result, body)
-        return chat_response(body.model, result)
+        return chat_response(body.model, result, tools=body.uses_tools())
 
     @r.post("/completions")
     async def completions(body: _CompletionIn, who: str = Depends(owner)) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from rldojo.inference.server import run_until_stopped, start_in_thread
+from rldojo.asgi import run_until_stopped, start_in_thread
 from rldojo.service.app import Service, build_service
 from rldojo.service.settings import ServiceSettings
 
