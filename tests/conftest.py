@@ -10,6 +10,8 @@ outside the slow tier that loads a model fails, saying to mark it.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -51,3 +53,36 @@ def tiny():
 
     torch.manual_seed(0)
     return load_model("tiny-random")
+
+
+@pytest.fixture
+def nudged_student(tmp_path, tiny):
+    """A directory holding `tiny-random` nudged (seed 3, 0.05 noise on every weight): a
+    distillation student whose distributions differ from the `tiny-random` teacher's."""
+    import copy
+
+    model, tokenizer = tiny
+    student = copy.deepcopy(model)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    student.save_pretrained(tmp_path / "student0")
+    tokenizer.save_pretrained(tmp_path / "student0")
+    return tmp_path / "student0"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_without_tokens():
+    """Ray (2.60) turns token authentication on for a new local cluster and writes a token
+    to ~/.ray/auth_token, which outlives the test: a later `ray start` head then demands it
+    of clients that do not send it (tests/service/test_ray.py failed so, in whatever order
+    the tests ran). The tests' clusters are local and short-lived: no tokens, in this
+    process and the ones it starts."""
+    old = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    yield
+    if old is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = old

@@ -48,12 +48,12 @@ def test_the_shard_setting_and_the_world_size_must_agree(monkeypatch):
         init_dist("none", torch.device("cpu"), 60)
 
 
-def test_lora_is_refused_on_several_ranks_only():
-    lora = TrainConfig.model_validate({"model": {"lora": {"r": 8}}})
-    check_shardable(lora, Dist())  # one process: LoRA trains
-    check_shardable(TrainConfig(), Dist(rank=1, world=2, sharded=True))  # full weights shard
-    with pytest.raises(ConfigValueError, match=r"model\.lora: LoRA under FSDP"):
-        check_shardable(lora, Dist(rank=1, world=2, sharded=True))
+def test_lora_adapters_are_not_kept_as_sharded_checkpoint_files():
+    check_shardable(TrainConfig.model_validate({"model": {"lora": {"r": 8}}}))  # adapters: hf
+    check_shardable(TrainConfig.model_validate({"run": {"checkpoint_format": "dcp"}}))
+    both = {"model": {"lora": {"r": 8}}, "run": {"checkpoint_format": "dcp"}}
+    with pytest.raises(ConfigValueError, match=r"run\.checkpoint_format = 'dcp' keeps whole"):
+        check_shardable(TrainConfig.model_validate(both))
 
 
 def test_a_positional_optimizer_state_loads_by_parameter_name():

@@ -10,7 +10,6 @@ land at that call whatever the machine's speed. Deterministic mode, one thread.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -76,16 +75,8 @@ def _sft_case(tmp: Path) -> tuple[str, list[str], list[str]]:
     return "rldojo.training.sft", ["sft", "--data", str(data), *_sets(sets)], ["sft"]
 
 
-def _distill_case(tmp: Path, tiny) -> tuple[str, list[str], list[str]]:
-    model, tokenizer = tiny
-    student = copy.deepcopy(model)
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for p in student.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    student.save_pretrained(tmp / "student0")
-    tokenizer.save_pretrained(tmp / "student0")
-    sets = [f"model.name={tmp / 'student0'}", "distill.teacher=tiny-random",
+def _distill_case(student: Path) -> tuple[str, list[str], list[str]]:
+    sets = [f"model.name={student}", "distill.teacher=tiny-random",
             "distill.sequences=student", "distill.divergence=reverse", "run.steps=6",
             "rollout.prompts_per_step=2", "sampling.max_new_tokens=4", "optim.lr=1e-3",
             *COMMON]  # fmt: skip
@@ -110,12 +101,13 @@ def _run_dir_args(command: str, run: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["grpo", "sft", "distill"])
-def test_sigkill_mid_step_then_resume_ends_with_the_uninterrupted_weights(tmp_path, tiny,
-                                                                          objective):  # fmt: skip
+def test_sigkill_mid_step_then_resume_ends_with_the_uninterrupted_weights(
+    tmp_path, nudged_student, objective
+):
     if objective == "sft":
         module, args, (command,) = _sft_case(tmp_path)
     elif objective == "distill":
-        module, args, (command,) = _distill_case(tmp_path, tiny)
+        module, args, (command,) = _distill_case(nudged_student)
     else:
         module, args, (command,) = _grpo_case(tmp_path)
     ref, run = tmp_path / "ref", tmp_path / "run"

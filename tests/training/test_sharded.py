@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,10 +43,11 @@ def _demos(tmp: Path) -> Path:
     return path
 
 
-def _sft(tmp: Path, run: Path, ranks: int, **env: str) -> subprocess.CompletedProcess:
+def _sft(tmp: Path, run: Path, ranks: int, sets: tuple[str, ...] = (),
+         **env: str) -> subprocess.CompletedProcess:  # fmt: skip
     """`rldojo sft` on `ranks` ranks (torchrun for 2) with the observer, to the end."""
     args = ["sft", "--data", str(_demos(tmp)), "--run-dir", str(run),
-            *[a for s in SETS for a in ("--set", s)]]  # fmt: skip
+            *[a for s in (*SETS, *sets) for a in ("--set", s)]]  # fmt: skip
     return launch(tmp, "rldojo.training.sft", ranks, args, **env)
 
 
@@ -115,3 +117,27 @@ def test_a_killed_run_resumes_on_another_world_size(tmp_path, reference, first, 
     assert mine.keys() == theirs.keys()
     assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) < 1e-4
     assert _losses(run) == pytest.approx(_losses(ref), rel=1e-5)
+
+
+def test_sharded_checkpoint_files_resume_on_one_rank_and_export(tmp_path, reference):
+    """`run.checkpoint_format = "dcp"`: each of 2 ranks writes its shards (nothing gathered);
+    killed, the run resumes in one process (the shards read whole) and ends with the
+    uninterrupted run's weights; `rldojo export` writes them as a plain model directory."""
+    run, stamp = tmp_path / "run", tmp_path / "killed_at"
+    killed = _sft(tmp_path, run, 2, ("run.checkpoint_format=dcp",), KILL_AT="3",
+                  KILL_RANK="1", KILLED_AT=str(stamp))  # fmt: skip
+    assert killed.returncode != 0
+    saved = latest_checkpoint(run / "checkpoints")
+    assert saved.name == "step_000002" and not (saved / "model.safetensors").exists()
+    assert len(list((saved / "dcp").glob("*.distcp"))) == 2  # one file a rank
+    resumed = _resume(run, 1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    out = tmp_path / "exported"
+    done = subprocess.run([sys.executable, "-m", "rldojo", "export",
+                           str(latest_checkpoint(run / "checkpoints")), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    mine, theirs = load_file(out / "model.safetensors"), _weights(reference)
+    assert mine.keys() == theirs.keys()
+    assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) < 1e-4
+    assert _losses(run) == pytest.approx(_losses(reference), rel=1e-5)

@@ -6,9 +6,7 @@ the optimizer step). Deterministic mode, one thread per rank, fp32 tiny models."
 
 from __future__ import annotations
 
-import copy
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,21 +16,8 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow  # torchrun, two processes with two models
 
 
-def _student(tmp: Path, tiny) -> Path:
-    """`tiny-random` nudged: a student whose distributions differ from the teacher's."""
-    model, tokenizer = tiny
-    student = copy.deepcopy(model)
-    torch.manual_seed(3)
-    with torch.no_grad():
-        for p in student.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    student.save_pretrained(tmp / "student0")
-    tokenizer.save_pretrained(tmp / "student0")
-    return tmp / "student0"
-
-
-def test_two_ranks_make_the_gradients_of_one(tmp_path, tiny):
-    sets = [f"model.name={_student(tmp_path, tiny)}", "model.autocast_bf16=false",
+def test_two_ranks_make_the_gradients_of_one(tmp_path, nudged_student):
+    sets = [f"model.name={nudged_student}", "model.autocast_bf16=false",
             "distill.teacher=tiny-random", "distill.sequences=student",
             "distill.divergence=reverse", "run.steps=2", "rollout.prompts_per_step=3",
             "sampling.max_new_tokens=4", "optim.micro_batch_size=2", "optim.lr=1e-3",

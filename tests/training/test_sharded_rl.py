@@ -23,6 +23,7 @@ import torch
 from rank_observer import launch, resume
 from safetensors.torch import load_file
 
+from rldojo.policy.models import load_model
 from rldojo.store.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow  # torchrun, two processes with the model
@@ -43,10 +44,11 @@ def _train(tmp: Path, run: Path, ranks: int, sets: tuple[str, ...] = (),
     return launch(tmp, "rldojo.training.update", ranks, args, **env)
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    newest = latest_checkpoint(run / "checkpoints")
-    assert newest is not None
-    return load_file(newest / "model.safetensors")
+def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """Step `step`'s checkpoint's weight files: the model's, or under LoRA the adapters'."""
+    saved = run / "checkpoints" / f"step_{step:06d}"
+    adapter = saved / "adapter_model.safetensors"
+    return load_file(adapter if adapter.exists() else saved / "model.safetensors")
 
 
 def _ledger(run: Path) -> list[tuple]:
@@ -68,19 +70,25 @@ def _step_metrics(run: Path) -> dict:
     return next(r for r in records if r["kind"] == "train")
 
 
-@pytest.mark.parametrize(("source", "rho"), [("sampler", "0.2"), ("trainer", "1.0")])
-def test_two_ranks_select_the_tokens_and_make_the_gradients_of_one(tmp_path, source, rho):
-    """One step (two mini-batches) from the same weights: the same groups, the same mask,
-    the same reduced gradients. `sampler`: the mask from the rollouts' own entropies;
-    `trainer`: the entropies each rank computes for its rows, summed across ranks (rho 1,
-    so the check is on the entropies, not on float ties at the top-rho threshold)."""
-    sets = ("run.steps=1", f"loss.entropy_source={source}", f"loss.rho={rho}")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The 3-step run on 1 rank (`r1`) and on 2 (`r2`), each optimizer step's gradients
+    kept (`grads1/`, `grads2/`): the pair the equivalence test compares, and the runs the
+    killed ones must end like."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
     for ranks in (1, 2):
-        dumps = tmp_path / f"grads{ranks}"
-        dumps.mkdir()
-        done = _train(tmp_path, tmp_path / f"r{ranks}", ranks, sets, DUMP_GRADS=str(dumps))
+        (tmp / f"grads{ranks}").mkdir()
+        done = _train(tmp, tmp / f"r{ranks}", ranks, DUMP_GRADS=str(tmp / f"grads{ranks}"))
         assert done.returncode == 0, done.stderr[-3000:]
-    one, two = _ledger(tmp_path / "r1"), _ledger(tmp_path / "r2")
+    return tmp
+
+
+def _same_first_step(tmp: Path, lora: bool = False) -> None:
+    """`tmp/r1` and `tmp/r2` took the same first step: its rollouts, rewards and selected
+    positions, its metrics, each mini-batch's reduced gradients (the 1st before any
+    optimizer step, 1e-5; the 2nd after one AdamW step on weights that agree to float
+    noise, 1e-3), its checkpoint's weights (1e-4)."""
+    one, two = ([r for r in _ledger(tmp / f"r{n}") if r[0] == 0] for n in (1, 2))
     assert len(one) == 3 * 4  # prompts x samples, none twice
     trained = [row for row in one if row[5]]
     assert trained and any(json.loads(row[7]) for row in trained)  # selections recorded
@@ -88,34 +96,66 @@ def test_two_ranks_select_the_tokens_and_make_the_gradients_of_one(tmp_path, sou
     assert [r[6] is None for r in one] == [r[6] is None for r in two]
     trained_adv = [(a[6], b[6]) for a, b in zip(one, two, strict=True) if a[6] is not None]
     assert [a for a, _ in trained_adv] == pytest.approx([b for _, b in trained_adv], rel=1e-6)
-    m1, m2 = _step_metrics(tmp_path / "r1"), _step_metrics(tmp_path / "r2")
+    m1, m2 = _step_metrics(tmp / "r1"), _step_metrics(tmp / "r2")
     assert m1["entropy/tokens_selected"] == m2["entropy/tokens_selected"] > 0
     for key in ("entropy/mean", "entropy/p80", "loss/policy", "loss/tokens", "optim/grad_norm"):
-        assert m2[key] == pytest.approx(m1[key], rel=1e-5), key
-    # Mini-batch 1's reduced gradients (before any optimizer step), then mini-batch 2's
-    # (after one AdamW step on weights that agree to float noise).
+        assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-6), key  # losses near 0
     for call, rel in (("1.pt", 1e-5), ("2.pt", 1e-3)):
-        g1, g2 = torch.load(tmp_path / "grads1" / call), torch.load(tmp_path / "grads2" / call)
+        g1, g2 = torch.load(tmp / "grads1" / call), torch.load(tmp / "grads2" / call)
+        assert [g is None for g in g1] == [g is None for g in g2]  # frozen: none (LoRA's base)
+        g1, g2 = [g for g in g1 if g is not None], [g for g in g2 if g is not None]
         assert len(g1) == len(g2) > 10 and any(float(g.abs().max()) > 0 for g in g1)
         assert all(a.shape == b.shape and _close(a, b, rel) for a, b in zip(g1, g2, strict=True))
-    assert sorted(p.name for p in (tmp_path / "grads2").iterdir()) == ["1.pt", "2.pt"]
-    s2 = json.loads((tmp_path / "r2" / "summary.json").read_text())
-    assert s2["steps"] == 1 and s2["stopped"] == "steps" and s2["rollouts"] == 12
-    w1, w2 = _weights(tmp_path / "r1"), _weights(tmp_path / "r2")
+    w1, w2 = (_weights(tmp / f"r{n}", 1) for n in (1, 2))
     assert w1.keys() == w2.keys()  # the tied output layer written once, as one process does
+    assert all(("lora_" in k) == lora for k in w1)  # under LoRA the adapters alone
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-4
 
 
-@pytest.mark.parametrize(("first", "then"), [(2, 1), (1, 2)])
-def test_a_killed_run_resumes_on_another_world_size(tmp_path, first, then):
+def test_two_ranks_select_the_tokens_and_make_the_gradients_of_one(uninterrupted):
+    """From the same weights, 2 ranks take the 1-rank step (the mask from the rollouts'
+    own entropies); later steps sample from weights that differ by summation order, so
+    only their count is compared."""
+    _same_first_step(uninterrupted)
+    for run in ("r1", "r2"):
+        summary = json.loads((uninterrupted / run / "summary.json").read_text())
+        assert summary["steps"] == 3 and summary["stopped"] == "steps"
+        assert summary["rollouts"] == 36
+    assert len(list((uninterrupted / "grads2").iterdir())) == 6  # 3 steps x 2 mini-batches
+
+
+def test_trainer_entropies_and_lora_adapters_cross_ranks(tmp_path):
+    """`loss.entropy_source = "trainer"`: each rank computes its rows' entropies and they
+    are summed across ranks (rho 1, so the check is on the entropies, not on float ties at
+    the top-rho threshold); with LoRA adapters on the sharded base (their gradients; rank
+    0's sampler gets the gathered adapters, the checkpoint holds them alone)."""
+    sets = ("run.steps=1", "loss.entropy_source=trainer", "loss.rho=1.0",
+            "model.lora={r=4,alpha=8}")  # fmt: skip
+    for ranks in (1, 2):
+        (tmp_path / f"grads{ranks}").mkdir()
+        done = _train(tmp_path, tmp_path / f"r{ranks}", ranks, sets,
+                      DUMP_GRADS=str(tmp_path / f"grads{ranks}"))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    _same_first_step(tmp_path, lora=True)
+
+
+def _step_weights(run: Path, step: int) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights as a model loads them (whole files, or each rank's shards)."""
+    model, _ = load_model(str(run / "checkpoints" / f"step_{step:06d}"))
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("first", "then", "files"), [(2, 1, "hf"), (1, 2, "dcp")])
+def test_a_killed_run_resumes_on_another_world_size(tmp_path, uninterrupted, first, then, files):
     """Killed in step 2 (its rollouts are in the ledger, its update is not), resumed on the
     other world size: step 2 trains on those rollouts (none sampled again, none lost) with
-    the restored optimizer state, as the uninterrupted run on the first world size did."""
-    ref, run, stamp = tmp_path / "ref", tmp_path / "run", tmp_path / "killed_at"
-    done = _train(tmp_path, ref, first)
-    assert done.returncode == 0, done.stderr[-3000:]
+    the restored optimizer state, as the uninterrupted run on the first world size did.
+    `files`: the checkpoint format (`dcp`: torch.distributed.checkpoint shards, resharded
+    to the new world size on resume)."""
+    ref, run, stamp = uninterrupted / f"r{first}", tmp_path / "run", tmp_path / "killed_at"
+    fmt = (f"run.checkpoint_format={files}",)
     # Call 3 is step 2's first mini-batch; with two ranks, the rank that does not write dies.
-    killed = _train(tmp_path, run, first, KILL_AT="3", KILL_RANK=str(first - 1),
+    killed = _train(tmp_path, run, first, fmt, KILL_AT="3", KILL_RANK=str(first - 1),
                     KILLED_AT=str(stamp))  # fmt: skip
     ended = time.time()
     assert killed.returncode != 0
@@ -135,8 +175,12 @@ def test_a_killed_run_resumes_on_another_world_size(tmp_path, first, then):
     assert len(after) == 36 == len({r[:3] for r in after})  # 0 lost, 0 twice
     assert [r[:5] for r in after[:24]] == [r[:5] for r in before]  # step 2's, reused
     assert [r[:5] for r in after[:24]] == [r[:5] for r in _ledger(ref)[:24]]
+    newest = latest_checkpoint(run / "checkpoints")
+    assert (newest / "dcp").is_dir() == (files == "dcp")
+    assert (newest / "model.safetensors").exists() == (files == "hf")
+    if files == "dcp":  # written by both ranks of the resumed run
+        assert len(list((newest / "dcp").glob("*.distcp"))) == then
     # Step 2's update on the other world size: the weights of the uninterrupted run.
-    mine = load_file(run / "checkpoints" / "step_000002" / "model.safetensors")
-    theirs = load_file(ref / "checkpoints" / "step_000002" / "model.safetensors")
+    mine, theirs = _step_weights(run, 2), _step_weights(ref, 2)
     assert mine.keys() == theirs.keys()
     assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) < 1e-4

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from rldojo.config.base import _Section
 
@@ -49,6 +50,16 @@ class RunConfig(_Section):
     """`ray`: rollout workers (generation, environments, grading) run as Ray actors."""
     ray_address: str | None = None
     """An existing Ray cluster (`ray://host:10001`, `auto`); None starts a local instance."""
+    train_ranks: int = Field(1, gt=0)
+    """`rldojo train` with `run.cluster = "ray"`: N > 1 trains on N ranks started as Ray
+    actors on the cluster (`rldojo.cluster.train_ranks`), sharded as under torchrun
+    (`run.shard`); rank 0 also owns the rollout workers. The `rldojo train` process waits
+    for the ranks, prints rank 0's output and fails in one line naming a rank whose actor
+    died. N > 1 with `run.cluster = "local"` is refused: on one machine, `--nproc N`
+    (torchrun). `rldojo sft` and `distill` do not read it (torchrun launches them)."""
+    train_rank_gpus: float = Field(0.0, ge=0.0)
+    """GPUs each Ray training rank reserves (Ray's `num_gpus`; 0 on the CPU). On CUDA give
+    each rank a GPU of its own (1): NCCL refuses two ranks on one GPU."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where the policy, the KL reference, the optimizer state and the batches live:
     `auto` (CUDA device 0 when torch sees one, else the CPU), `cpu`, `cuda` or `cuda:N`.
@@ -61,7 +72,14 @@ class RunConfig(_Section):
     no sharding), `fsdp` insists on it, `none` refuses several ranks. Each decoder layer
     and the whole model are sharded (`rldojo.training.distributed`): `rldojo train` (rank
     0 rolls out and keeps the ledger, every rank trains on its share of the groups),
-    `rldojo sft` and `rldojo distill`; LoRA refuses several ranks (one line)."""
+    `rldojo sft` and `rldojo distill`, LoRA adapters included."""
+    checkpoint_format: Literal["hf", "dcp"] = "hf"
+    """How checkpoints keep the weights and the optimizer's state: `hf`, whole, in the
+    Hugging Face layout (`model.safetensors`; on several ranks gathered on rank 0 first),
+    `dcp`, as torch.distributed.checkpoint files each rank writes its own shards of
+    (`dcp/`; nothing gathered, for models whose state does not fit one host). Both
+    resume on any world size, and `rldojo eval`, `export` and `serve` read both (a `dcp`
+    checkpoint is assembled in one process). Not with `model.lora`."""
     dist_timeout_s: float = Field(600.0, gt=0)
     """Longest wait on another rank (a collective): a rank that died makes the others
     stop with an error after at most this long, never hang."""
@@ -69,3 +87,16 @@ class RunConfig(_Section):
     """Metric sinks besides `metrics.jsonl` (always written), as TRL's `report_to`:
     `tensorboard` (RUN/tensorboard/), `wandb`, `trackio`, `mlflow` (extra `trackers`:
     `pip install 'rldojo[trackers]'`); `[]` for the JSONL file alone."""
+
+    @field_validator("train_ranks")
+    @classmethod
+    def _ranks_need_ray(cls, ranks: int, info: ValidationInfo) -> int:
+        """Ranks as Ray actors need Ray; torchrun is the local way (`--nproc N`)."""
+        if ranks > 1 and info.data.get("cluster") != "ray":
+            raise PydanticCustomError(
+                "ranks_need_ray",
+                "{ranks} ranks as Ray actors need run.cluster = 'ray'; on this machine "
+                "use rldojo train --nproc {ranks} (torchrun) instead",
+                {"ranks": ranks},
+            )
+        return ranks

@@ -194,6 +194,8 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
         tokenizer = load_tokenizer(name)
         if name == TINY_RANDOM:
             model = _tiny_random(tokenizer).to(dtype)
+        elif (Path(name) / "dcp" / ".metadata").is_file():  # a sharded checkpoint
+            model = _from_sharded_checkpoint(Path(name), dtype)
         else:
             path = smollm2_dir() if name == SMOLLM2 else name
             model = AutoModelForCausalLM.from_pretrained(
@@ -206,6 +208,20 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     use_safe_sdpa(model)  # left padding must not put NaN into gradients on CUDA
     return model, tokenizer
+
+
+def _from_sharded_checkpoint(path: Path, dtype: torch.dtype) -> Any:
+    """The model of a checkpoint whose weights are torch.distributed.checkpoint files
+    (`dcp/`, written by each rank of a sharded run; `rldojo.store.checkpoint`): built from
+    its `config.json`, its weights read whole in this one process (no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(path))
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = model.state_dict()  # the parameters themselves: read in place
+    dcp.load({"model": state}, checkpoint_id=str(path / "dcp"), no_dist=True)
+    return model
 
 
 @functools.cache

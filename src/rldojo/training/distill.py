@@ -46,7 +46,7 @@ from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.episodes import collect_rollouts
-from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rldojo.store.checkpoint import latest_checkpoint, save_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import TokenBatch, build_token_batch, completion_logits
 from rldojo.training.callbacks import Callback
@@ -55,12 +55,12 @@ from rldojo.training.distributed import (
     check_shardable,
     checkpoint_weights,
     full_state_dict,
-    load_optimizer_state,
-    load_positional_optimizer_state,
     optimizer_state,
     rank_device,
     rank_micro_batches,
+    restore_trainer_state,
     shard_model,
+    stage_sharded_checkpoint,
 )
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
@@ -162,7 +162,7 @@ class DistillObjective:
         models.check_model(cfg.model.name)
         models.check_model(d.teacher)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
-        check_shardable(cfg, self.dist)
+        check_shardable(cfg)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         self.device = rank_device(self.precision.device, self.dist)
         self.model, self.tokenizer = load_training_model(
@@ -218,13 +218,8 @@ class DistillObjective:
         self.kl_first: float | None = None
         self.kl_last: float | None = None
         if checkpoint is not None:
-            by_name = partial(load_optimizer_state, self.model, self.optimizer, d=self.dist)
-            by_position = None  # a one-process checkpoint, on several ranks: by name
-            if self.dist.sharded:
-                by_position = partial(load_positional_optimizer_state, self.model,
-                                      self.optimizer, d=self.dist)  # fmt: skip
-            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler, by_name,
-                                       by_position)  # fmt: skip
+            state = restore_trainer_state(checkpoint, self.model, self.optimizer,
+                                          self.scheduler, self.dist)  # fmt: skip
             self.step_num, self.evals = int(state["step"]), state.get("evals", {})
             self.kl_first, self.kl_last = state.get("kl_first"), state.get("kl_last")
 
@@ -281,9 +276,10 @@ class DistillObjective:
     def _publish(self) -> None:
         """The student's weights to its sampler (sharded: gathered into rank 0's copy)."""
         if self.dist.sharded:
-            weights = full_state_dict(self.model, self.dist)  # every rank sends its shards
+            lora = self.config.model.lora is not None  # the adapters alone change
+            weights = full_state_dict(self.model, self.dist, trainable_only=lora)  # collective
             if self.gen_model is not None:
-                self.gen_model.load_state_dict(weights)
+                self.gen_model.load_state_dict(weights, strict=not lora)
         if self.policy is not None:
             self.policy.update_weights(None)
 
@@ -344,16 +340,19 @@ class DistillObjective:
         state by parameter name (any world size resumes it)."""
         state = {"distill": True, "evals": self.evals, "kl_first": self.kl_first,
                  "kl_last": self.kl_last, "world_size": self.dist.world}  # fmt: skip
-        weights = optimizer = None
-        if self.dist.sharded:
+        directory = self.run_dir / "checkpoints"
+        staged = weights = optimizer = None
+        if self.config.run.checkpoint_format == "dcp":  # each rank writes its shards
+            staged = stage_sharded_checkpoint(directory, self.step_num, self.model,
+                                              self.optimizer, self.dist)  # fmt: skip
+        elif self.dist.sharded:
             weights = checkpoint_weights(self.model, self.dist)
             optimizer = optimizer_state(self.model, self.optimizer, self.dist)
-        directory = self.run_dir / "checkpoints"
         if self.dist.main:
             save_checkpoint(
                 directory, model=self.gen_model, tokenizer=self.tokenizer,
                 optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
-                state=state, model_state=weights, optimizer_state=optimizer,
+                state=state, model_state=weights, optimizer_state=optimizer, staged=staged,
             )  # fmt: skip
         self.dist.barrier()  # the others read it only once it is there
         return directory / f"step_{self.step_num:06d}"

@@ -25,12 +25,15 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from rldojo.config import ConfigValueError, TrainConfig
+from rldojo.store.checkpoint import is_sharded_checkpoint, load_trainer_state, staging_dir
 
 __all__ = [
     "Dist",
@@ -44,7 +47,9 @@ __all__ = [
     "optimizer_state",
     "rank_device",
     "rank_micro_batches",
+    "restore_trainer_state",
     "shard_model",
+    "stage_sharded_checkpoint",
     "world_size_from_env",
 ]
 
@@ -182,12 +187,12 @@ def rank_micro_batches(step: Sequence[Sequence[int]], d: Dist, size: int
     return out, padding
 
 
-def check_shardable(config: TrainConfig, d: Dist) -> None:
-    """Refuse (one line) what does not train sharded yet: LoRA adapters (their base
-    weights would be split, so the adapters could not be merged for the sampler)."""
-    if d.sharded and config.model.lora is not None:
-        raise ConfigValueError("model.lora: LoRA under FSDP is not supported yet (several "
-                               "ranks): train the adapters in one process")  # fmt: skip
+def check_shardable(config: TrainConfig) -> None:
+    """Refuse (one line) what sharded training cannot keep: LoRA adapters in sharded
+    checkpoint files (an adapter checkpoint is the adapters alone, written whole)."""
+    if config.run.checkpoint_format == "dcp" and config.model.lora is not None:
+        raise ConfigValueError("run.checkpoint_format = 'dcp' keeps whole models, not LoRA "
+                               "adapters: use 'hf' with model.lora")  # fmt: skip
 
 
 def shard_model(model: Any, d: Dist, device: torch.device, bf16: bool = False) -> Any:
@@ -229,14 +234,18 @@ def _decoder_layers(model: Any) -> list[Any]:
     raise ValueError(f"no decoder layers found in {type(model).__name__} to shard")
 
 
-def full_state_dict(model: Any, d: Dist) -> dict[str, Any]:
+def full_state_dict(model: Any, d: Dist, *, trainable_only: bool = False) -> dict[str, Any]:
     """The model's full state dict on the CPU, on rank 0 (empty on the others); every rank
-    must call it (it gathers the shards)."""
+    must call it (it gathers the shards). `trainable_only`: the parameters that train
+    alone (under LoRA the adapters: what changes from step to step)."""
     if not d.sharded:
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()
+                if not (trainable_only and k in frozen)}  # fmt: skip
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True,
+                               ignore_frozen_params=trainable_only)  # fmt: skip
     return get_model_state_dict(model, options=options)
 
 
@@ -282,3 +291,45 @@ def load_positional_optimizer_state(model: Any, optimizer: torch.optim.Optimizer
     groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
     by_name = {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
     load_optimizer_state(model, optimizer, by_name, d)
+
+
+def stage_sharded_checkpoint(directory: Path, step: int, model: Any,
+                             optimizer: torch.optim.Optimizer, d: Dist) -> Path:  # fmt: skip
+    """`run.checkpoint_format = "dcp"`: every rank writes its shards of the weights and of
+    the optimizer's state (torch.distributed.checkpoint, into `dcp/` of `step`'s staging
+    directory; nothing is gathered); returns that directory, for rank 0 to finish
+    (`rldojo.store.checkpoint.save_checkpoint(staged=...)`). Collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    staged = d.broadcast(staging_dir(directory, step, os.getpid()) if d.main else None)
+    if d.main:
+        staged.mkdir()
+    d.barrier()  # made (and the leftovers of killed writers removed) before anyone writes
+    weights, optim = get_state_dict(model, optimizer)
+    dcp.save({"model": weights, "optim": optim}, checkpoint_id=str(staged / "dcp"),
+             no_dist=d.world == 1)  # fmt: skip
+    return Path(staged)
+
+
+def restore_trainer_state(checkpoint: Path, model: Any, optimizer: torch.optim.Optimizer,
+                          scheduler: Any, d: Dist) -> dict[str, Any]:  # fmt: skip
+    """`checkpoint`'s optimizer and schedule state, RNG and state.json (returned), on any
+    world size: an optimizer state kept by parameter name, by position (a one-process
+    checkpoint's), or as each rank's shards (`dcp/`, read resharded to this world)."""
+    by_name = partial(load_optimizer_state, model, optimizer, d=d)
+    by_position = None  # one process takes it as it is; sharded, mapped to names
+    if d.sharded:
+        by_position = partial(load_positional_optimizer_state, model, optimizer, d=d)
+    state = load_trainer_state(checkpoint, optimizer, scheduler, by_name, by_position)
+    if is_sharded_checkpoint(checkpoint):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        optim = get_optimizer_state_dict(model, optimizer)
+        dcp.load({"optim": optim}, checkpoint_id=str(checkpoint / "dcp"), no_dist=d.world == 1)
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=optim)
+    return state

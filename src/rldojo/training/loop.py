@@ -51,13 +51,13 @@ from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.store.run_dir import RunDirError, claim_run_dir, record_config_change, resume_changes
 from rldojo.training.callbacks import Callback, CallbackList, ConsoleCallback, MetricsCallback
-from rldojo.training.distributed import Dist, init_dist
+from rldojo.training.distributed import Dist, init_dist, world_size_from_env
 from rldojo.training.heldout import save_eval_rows
 from rldojo.training.interrupts import Interrupts
 from rldojo.training.objective import Objective
-from rldojo.training.stops import FailureBudgetExceeded, RunInterrupted
+from rldojo.training.stops import FailureBudgetExceeded, RunInterrupted, RunStopped
 
-__all__ = ["new_run_dir", "run_loop", "run_training"]
+__all__ = ["new_run_dir", "on_ray_ranks", "run_loop", "run_training"]
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -76,15 +76,41 @@ def run_training(
     console: Console | None = None,
 ) -> dict[str, Any]:
     """Train per `config` with forking-token GRPO; returns the summary (also written to
-    RUN/summary.json). `console`: print as `rldojo train` does (a `ConsoleCallback`)."""
+    RUN/summary.json). `console`: print as `rldojo train` does (a `ConsoleCallback`).
+    With `run.train_ranks` > 1 (and `run.cluster = "ray"`) the ranks are Ray actors
+    (`on_ray_ranks`), each running this function as its rank."""
     from rldojo.training.grpo import GrpoObjective
 
     run_dir = run_dir or new_run_dir(config)
+    if config.run.train_ranks > 1 and world_size_from_env() == 1:  # not a rank yet
+        return on_ray_ranks(config, run_dir, resume=resume, overwrite=overwrite, force=force,
+                            callbacks=callbacks, console=console)  # fmt: skip
     return run_loop(
         lambda d: GrpoObjective(config, run_dir, resume=resume, dist=d), config, run_dir,
         command="train", resume=resume, overwrite=overwrite, force=force,
         callbacks=with_console(callbacks, console),
     )  # fmt: skip
+
+
+def on_ray_ranks(config: TrainConfig, run_dir: Path, *, resume: bool, overwrite: bool,
+                 force: bool, callbacks: Sequence[Callback],
+                 console: Console | None) -> dict[str, Any]:  # fmt: skip
+    """`run_training` on `run.train_ranks` Ray actors (`rldojo.cluster.train_ranks`), each
+    with a rank's torchrun environment; rank 0's output printed on `console`, its summary
+    returned. `callbacks` are sent to the ranks and called on rank 0 (in its process). A
+    lost rank is a `RunStopped` naming it (the checkpoints written are kept)."""
+    from rldojo.cluster.train_ranks import RankError, run_on_ranks
+
+    kwargs = {"config": config, "run_dir": run_dir.absolute(), "resume": resume,
+              "overwrite": overwrite, "force": force, "callbacks": list(callbacks)}  # fmt: skip
+    run = config.run
+    try:
+        return run_on_ranks(run_training, kwargs, ranks=run.train_ranks,
+                            gpus=run.train_rank_gpus, address=run.ray_address,
+                            timeout_s=run.dist_timeout_s, console=console,
+                            on_loss=f"; resume with: rldojo train --resume {run_dir}")  # fmt: skip
+    except RankError as exc:
+        raise RunStopped(str(exc)) from exc
 
 
 def with_console(callbacks: Sequence[Callback], console: Console | None) -> list[Callback]:

@@ -54,7 +54,7 @@ from rldojo.eval.harness import EvalResult
 from rldojo.policy import models
 from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
-from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rldojo.store.checkpoint import latest_checkpoint, save_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import (
     build_token_batch,
@@ -76,11 +76,12 @@ from rldojo.training.distributed import (
     checkpoint_weights,
     full_state_dict,
     is_sharded,
-    load_optimizer_state,
     optimizer_state,
     rank_device,
     rank_micro_batches,
+    restore_trainer_state,
     shard_model,
+    stage_sharded_checkpoint,
 )
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
@@ -212,7 +213,7 @@ class SftObjective:
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         self.device = rank_device(self.precision.device, self.dist)
-        check_shardable(cfg, self.dist)
+        check_shardable(cfg)
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
         )  # late-bound: tests replace `load_model`
@@ -258,8 +259,8 @@ class SftObjective:
         self.loss_first: float | None = None
         self.loss_last: float | None = None
         if checkpoint is not None:
-            by_name = partial(load_optimizer_state, self.model, self.optimizer, d=self.dist)
-            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler, by_name)
+            state = restore_trainer_state(checkpoint, self.model, self.optimizer,
+                                          self.scheduler, self.dist)  # fmt: skip
             self.step_num, self.evals = int(state["step"]), state.get("evals", {})
             self.nonfinite = int(state.get("nonfinite_skipped", 0))
             self.loss_first, self.loss_last = state.get("loss_first"), state.get("loss_last")
@@ -345,15 +346,21 @@ class SftObjective:
         state = {"sft": True, "evals": self.evals, "nonfinite_skipped": self.nonfinite,
                  "loss_first": self.loss_first, "loss_last": self.loss_last,
                  "world_size": self.dist.world}  # fmt: skip
-        # Whole weights and the optimizer by parameter name: resumable on any world size.
-        weights = checkpoint_weights(self.model, self.dist) if self.dist.sharded else None
-        optimizer = optimizer_state(self.model, self.optimizer, self.dist)
+        # Whole weights and the optimizer by parameter name, or each rank's shards of
+        # both: resumable on any world size.
         directory = self.run_dir / "checkpoints"
+        staged = weights = optimizer = None
+        if self.config.run.checkpoint_format == "dcp":
+            staged = stage_sharded_checkpoint(directory, self.step_num, self.model,
+                                              self.optimizer, self.dist)  # fmt: skip
+        else:
+            weights = checkpoint_weights(self.model, self.dist) if self.dist.sharded else None
+            optimizer = optimizer_state(self.model, self.optimizer, self.dist)
         if self.dist.main:
             save_checkpoint(
                 directory, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
                 scheduler=self.scheduler, step=self.step_num, state=state,
-                model_state=weights, optimizer_state=optimizer,
+                model_state=weights, optimizer_state=optimizer, staged=staged,
             )  # fmt: skip
         self.dist.barrier()  # the others read it only once it is there
         return directory / f"step_{self.step_num:06d}"

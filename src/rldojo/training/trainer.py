@@ -20,7 +20,6 @@ import copy
 import time
 import warnings
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from rldojo.rollout.generation import Generation, LocalGeneration, RayGeneration
 from rldojo.rollout.groups import Collected, Group
 from rldojo.rollout.sources import RolloutSource, make_source
 from rldojo.rollout.tasks import TaskSampler
-from rldojo.store.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from rldojo.store.checkpoint import latest_checkpoint, save_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.store.ledger import Ledger
 from rldojo.training import rollout_workers
@@ -50,11 +49,11 @@ from rldojo.training.distributed import (
     Dist,
     check_shardable,
     full_state_dict,
-    load_optimizer_state,
-    load_positional_optimizer_state,
     optimizer_state,
     rank_device,
+    restore_trainer_state,
     shard_model,
+    stage_sharded_checkpoint,
 )
 from rldojo.training.failures import FailureBudget, reference_preflight
 from rldojo.training.group_batch import group_batch
@@ -106,7 +105,7 @@ class Trainer:
             check_model(cfg.model.name)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)  # LoRA's needs
         check_vllm(cfg)  # generation.backend = "vllm": its package and settings
-        check_shardable(cfg, self.dist)
+        check_shardable(cfg)
         self.device = rank_device(self.precision.device, self.dist)  # run.device, resolved
         if self.dist.main:  # first, and atomically: a run killed later can be resumed
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -186,13 +185,8 @@ class Trainer:
         self.async_next_batch = 0  # the async producer's next batch (continues on resume)
         self.evals: dict[str, dict[str, Any]] = {}
         if checkpoint is not None:
-            by_name = partial(load_optimizer_state, self.model, self.optimizer, d=self.dist)
-            by_position = None  # a one-process checkpoint, on several ranks: by name
-            if self.dist.sharded:
-                by_position = partial(load_positional_optimizer_state, self.model,
-                                      self.optimizer, d=self.dist)  # fmt: skip
-            state = load_trainer_state(checkpoint, self.optimizer, self.scheduler, by_name,
-                                       by_position)  # fmt: skip
+            state = restore_trainer_state(checkpoint, self.model, self.optimizer,
+                                          self.scheduler, self.dist)  # fmt: skip
             self.step_num, self.evals = state["step"], state.get("evals", {})
             self.tasks.load_state_dict(state)
             self.async_next_batch = int(state.get("async_next_batch", 0))
@@ -297,9 +291,10 @@ class Trainer:
         """The new weights to the sampler (sharded: gathered into rank 0's whole copy)
         and the Ray rollout workers; the policy version += 1."""
         if self.dist.sharded:
-            weights = full_state_dict(self.model, self.dist)  # every rank sends its shards
+            lora = self.config.model.lora is not None  # the adapters alone change
+            weights = full_state_dict(self.model, self.dist, trainable_only=lora)  # collective
             if self.gen_model is not None:
-                self.gen_model.load_state_dict(weights)
+                self.gen_model.load_state_dict(weights, strict=not lora)
         if self.policy is not None:
             self.policy.update_weights()
         self.policy_updates += 1
@@ -337,17 +332,21 @@ class Trainer:
         return result
 
     def save(self) -> Path:
-        """A checkpoint (rank 0 writes it): whole weights in the Hugging Face layout and,
-        sharded, the optimizer's state by parameter name, so any world size resumes it."""
+        """A checkpoint (rank 0 finishes it): whole weights in the Hugging Face layout and,
+        sharded, the optimizer's state by parameter name, or each rank's shards of both
+        (`run.checkpoint_format = "dcp"`); any world size resumes it."""
         directory = self.run_dir / "checkpoints"
-        optimizer = None  # by position (one process), or gathered by name (sharded)
-        if self.dist.sharded:
+        staged = optimizer = None
+        if self.config.run.checkpoint_format == "dcp":  # each rank writes its shards
+            staged = stage_sharded_checkpoint(directory, self.step_num, self.model,
+                                              self.optimizer, self.dist)  # fmt: skip
+        elif self.dist.sharded:  # by name, gathered on rank 0
             optimizer = optimizer_state(self.model, self.optimizer, self.dist)
         if self.dist.main:
             save_checkpoint(
                 directory, model=self.gen_model, tokenizer=self.tokenizer,
                 optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
-                state=self._run_state(), optimizer_state=optimizer,
+                state=self._run_state(), optimizer_state=optimizer, staged=staged,
             )  # fmt: skip
         self.dist.barrier()  # the others read it only once it is there
         return directory / f"step_{self.step_num:06d}"
