@@ -48,12 +48,19 @@ def test_the_shard_setting_and_the_world_size_must_agree(monkeypatch):
         init_dist("none", torch.device("cpu"), 60)
 
 
-def test_lora_adapters_are_not_kept_as_sharded_checkpoint_files():
-    check_shardable(TrainConfig.model_validate({"model": {"lora": {"r": 8}}}))  # adapters: hf
-    check_shardable(TrainConfig.model_validate({"run": {"checkpoint_format": "dcp"}}))
+def test_what_sharding_cannot_do_here_is_refused_in_one_line():
+    cpu, cuda, two = torch.device("cpu"), torch.device("cuda"), Dist(rank=1, world=2, sharded=True)
+    check_shardable(TrainConfig.model_validate({"model": {"lora": {"r": 8}}}), two, cpu)
+    check_shardable(TrainConfig.model_validate({"run": {"checkpoint_format": "dcp"}}), two, cpu)
     both = {"model": {"lora": {"r": 8}}, "run": {"checkpoint_format": "dcp"}}
     with pytest.raises(ConfigValueError, match=r"run\.checkpoint_format = 'dcp' keeps whole"):
-        check_shardable(TrainConfig.model_validate(both))
+        check_shardable(TrainConfig.model_validate(both), two, cpu)
+    offload = TrainConfig.model_validate({"run": {"cpu_offload": True}})
+    check_shardable(offload, two, cuda)  # several CUDA ranks: what it is for
+    with pytest.raises(ConfigValueError, match=r"run\.cpu_offload .* the cpu device"):
+        check_shardable(offload, two, cpu)
+    with pytest.raises(ConfigValueError, match=r"run\.cpu_offload .* one process"):
+        check_shardable(offload, Dist(), cuda)
 
 
 def test_a_positional_optimizer_state_loads_by_parameter_name():

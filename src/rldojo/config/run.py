@@ -73,6 +73,11 @@ class RunConfig(_Section):
     and the whole model are sharded (`rldojo.training.distributed`): `rldojo train` (rank
     0 rolls out and keeps the ledger, every rank trains on its share of the groups),
     `rldojo sft` and `rldojo distill`, LoRA adapters included."""
+    cpu_offload: bool = False
+    """On several CUDA ranks: keep the parameter shards, their gradients and the optimizer's
+    state in host memory (FSDP2's `CPUOffloadPolicy`; the optimizer step runs on the CPU),
+    which frees GPU memory for activations at the cost of host-device copies every step.
+    Refused on the CPU and in one process (one line). Has not run on a GPU yet."""
     checkpoint_format: Literal["hf", "dcp"] = "hf"
     """How checkpoints keep the weights and the optimizer's state: `hf`, whole, in the
     Hugging Face layout (`model.safetensors`; on several ranks gathered on rank 0 first),

@@ -162,7 +162,7 @@ class DistillObjective:
         models.check_model(cfg.model.name)
         models.check_model(d.teacher)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
-        check_shardable(cfg)
+        check_shardable(cfg, self.dist, torch.device(self.precision.device))
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         self.device = rank_device(self.precision.device, self.dist)
         self.model, self.tokenizer = load_training_model(
@@ -197,7 +197,13 @@ class DistillObjective:
             gen_teacher = copy.deepcopy(self.teacher) if main and d.sequences == "teacher" \
                 else None  # fmt: skip
             for model in (self.model, self.teacher):
-                shard_model(model, self.dist, self.device, cfg.model.autocast_bf16 is True)
+                shard_model(
+                    model,
+                    self.dist,
+                    self.device,
+                    cfg.model.autocast_bf16 is True,
+                    offload=cfg.run.cpu_offload,
+                )
         self.policy: Any = None
         self.sampler: Any = None
         if self.gen_model is not None:

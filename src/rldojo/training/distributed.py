@@ -187,30 +187,43 @@ def rank_micro_batches(step: Sequence[Sequence[int]], d: Dist, size: int
     return out, padding
 
 
-def check_shardable(config: TrainConfig) -> None:
-    """Refuse (one line) what sharded training cannot keep: LoRA adapters in sharded
-    checkpoint files (an adapter checkpoint is the adapters alone, written whole)."""
+def check_shardable(config: TrainConfig, d: Dist, device: torch.device) -> None:
+    """Refuse (one line) what sharded training cannot do here: LoRA adapters in sharded
+    checkpoint files (an adapter checkpoint is the adapters alone, written whole), and
+    `run.cpu_offload` without several CUDA ranks."""
     if config.run.checkpoint_format == "dcp" and config.model.lora is not None:
         raise ConfigValueError("run.checkpoint_format = 'dcp' keeps whole models, not LoRA "
                                "adapters: use 'hf' with model.lora")  # fmt: skip
+    if config.run.cpu_offload and (not d.sharded or device.type != "cuda"):
+        where = "one process" if not d.sharded else f"the {device.type} device"
+        raise ConfigValueError(f"run.cpu_offload moves sharded state off CUDA ranks; this is "
+                               f"{where}: leave it false")  # fmt: skip
 
 
-def shard_model(model: Any, d: Dist, device: torch.device, bf16: bool = False) -> Any:
+def shard_model(model: Any, d: Dist, device: torch.device, bf16: bool = False, *,
+                offload: bool = False) -> Any:  # fmt: skip
     """FSDP2 over `d`'s ranks: each decoder layer, then the model (its embeddings, final
     norm and output layer; tied weights stay tied). The reduce-scatter averages the ranks'
     gradients (gloo has no pre-multiplied sum), so an objective whose ranks compute parts
     of one sum scales its loss by the world size (`Dist.world`). `bf16` (the resolved
     `model.autocast_bf16`): the gathered weights compute in bf16 while the shards (the
-    master weights) and the gradients' reduction stay fp32."""
+    master weights) and the gradients' reduction stay fp32. `offload` (`run.cpu_offload`):
+    the shards, their gradients and the optimizer's state live in host memory."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     mesh = init_device_mesh(device.type, (d.world,))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if bf16 else MixedPrecisionPolicy()  # fmt: skip
+    place = CPUOffloadPolicy() if offload else OffloadPolicy()
     for layer in _decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=place)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=place)
     return model
 
 

@@ -213,7 +213,7 @@ class SftObjective:
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         self.device = rank_device(self.precision.device, self.dist)
-        check_shardable(cfg)
+        check_shardable(cfg, self.dist, torch.device(self.precision.device))
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
         )  # late-bound: tests replace `load_model`
@@ -237,7 +237,13 @@ class SftObjective:
         evaluates = self.mixture is not None and self.dist.main
         self.eval_model = copy.deepcopy(self.model) if evaluates and self.dist.sharded else None
         if self.dist.sharded:
-            shard_model(self.model, self.dist, self.device, cfg.model.autocast_bf16 is True)
+            shard_model(
+                self.model,
+                self.dist,
+                self.device,
+                cfg.model.autocast_bf16 is True,
+                offload=cfg.run.cpu_offload,
+            )
         self._optimizer(checkpoint)
         self.policy = None if not (evaluates or not self.dist.sharded) else make_policy(
             cfg, self.eval_model or self.model, self.tokenizer,

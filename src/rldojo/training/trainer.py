@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rldojo.config import TrainConfig, dump_config
 from rldojo.envs.base import Env
 from rldojo.eval.harness import EvalResult
@@ -105,7 +107,7 @@ class Trainer:
             check_model(cfg.model.name)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)  # LoRA's needs
         check_vllm(cfg)  # generation.backend = "vllm": its package and settings
-        check_shardable(cfg)
+        check_shardable(cfg, self.dist, torch.device(self.precision.device))
         self.device = rank_device(self.precision.device, self.dist)  # run.device, resolved
         if self.dist.main:  # first, and atomically: a run killed later can be resumed
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +147,7 @@ class Trainer:
             bf16 = cfg.model.autocast_bf16 is True
             for model in (self.model, self.ref_model):
                 if model is not None:
-                    shard_model(model, self.dist, self.device, bf16)
+                    shard_model(model, self.dist, self.device, bf16, offload=cfg.run.cpu_offload)
         self.policy = None  # rank 0 alone samples when sharded
         if self.gen_model is not None:
             gen_dtype = self.precision.torch_generation_dtype()
