@@ -35,7 +35,7 @@ from rldojo.inference.chat_tools import split_tool_calls, tool_call_text
 from rldojo.inference.errors import bad_request
 from rldojo.inference.logprobs import logprobs_json
 from rldojo.inference.protocol import ChatRequest, ChatResult, ChatStream
-from rldojo.inference.streaming import chat_events, usage_json
+from rldojo.inference.streaming import StreamOptions, chat_events, usage_json
 
 __all__ = [
     "MAX_TOKENS_DEFAULT",
@@ -107,11 +107,6 @@ class _ToolIn(BaseModel):
     function: _Function
 
 
-class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool | None = False
-
-
 class ChatIn(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
@@ -124,7 +119,7 @@ class ChatIn(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False
-    stream_options: _StreamOptions | None = None
+    stream_options: StreamOptions | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[_ToolIn] | None = None

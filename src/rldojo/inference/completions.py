@@ -44,7 +44,7 @@ from rldojo.inference.protocol import (
     PromptEcho,
     TokenEvent,
 )
-from rldojo.inference.streaming import sse_stream, usage_counts
+from rldojo.inference.streaming import StreamOptions, sse_stream, usage_counts
 
 __all__ = [
     "CompletionIn",
@@ -54,11 +54,6 @@ __all__ = [
     "invalid_completion",
     "legacy_logprobs",
 ]
-
-
-class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool | None = False
 
 
 class CompletionIn(BaseModel):
@@ -78,7 +73,7 @@ class CompletionIn(BaseModel):
     echo: bool | None = False
     """Return the prompt before the completion (scored too, with `logprobs`)."""
     stream: bool | None = False
-    stream_options: _StreamOptions | None = None
+    stream_options: StreamOptions | None = None
     suffix: str | None = None
     """Not supported (a 400 when set): no insertion."""
     best_of: int | None = None

@@ -205,26 +205,14 @@ class TransformersEngine:
     def _chat_job(self, request: ChatRequest) -> Job:
         prompt = encode_with_tools(self.tokenizer, request.messages, request.tools)
         self._check_length(prompt, request.max_tokens, "messages")
-        sampling = SamplingParams(
-            max_new_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stop=request.stop,
-            seed=request.seed,
-        )
+        sampling = _sampling(request)
         job = Job("chat", concurrent.futures.Future(), prompt, request.n, sampling)
         if request.logprobs:
             job.top_logprobs = request.top_logprobs
         return job
 
     def _completion_jobs(self, request: CompletionRequest) -> list[Job]:
-        sampling = SamplingParams(
-            max_new_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stop=request.stop,
-            seed=request.seed,
-        )
+        sampling = _sampling(request)
         jobs = []
         for prompt in request.prompts:
             ids = self._prompt_ids(prompt)
@@ -327,3 +315,9 @@ class TransformersEngine:
     def close(self) -> None:
         self.queue.close()
         self._thread.join(timeout=30)
+
+
+def _sampling(request: ChatRequest | CompletionRequest) -> SamplingParams:
+    """The sampler's parameters of a chat or completion request."""
+    return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature,
+                          top_p=request.top_p, stop=request.stop, seed=request.seed)  # fmt: skip

@@ -34,12 +34,22 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from rldojo.inference.chat_tools import TOOL_CALL_OPEN, split_tool_calls
 from rldojo.inference.logprobs import logprobs_json
 from rldojo.inference.protocol import ChatResult, ChatStream, TokenEvent
 from rldojo.inference.token_stream import releasable
 
-__all__ = ["chat_events", "sse", "sse_stream", "usage_json"]
+__all__ = ["StreamOptions", "chat_events", "sse", "sse_stream", "usage_counts", "usage_json"]
+
+
+class StreamOptions(BaseModel):
+    """A request's `stream_options` (chat and completions): `include_usage` sends a last
+    chunk with the token counts."""
+
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = False
 
 
 def usage_json(result: ChatResult) -> dict[str, int]:

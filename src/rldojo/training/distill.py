@@ -54,7 +54,7 @@ from rldojo.training.distributed import (
     Dist,
     check_shardable,
     checkpoint_weights,
-    full_state_dict,
+    gather_into,
     optimizer_state,
     rank_device,
     rank_micro_batches,
@@ -282,10 +282,8 @@ class DistillObjective:
     def _publish(self) -> None:
         """The student's weights to its sampler (sharded: gathered into rank 0's copy)."""
         if self.dist.sharded:
-            lora = self.config.model.lora is not None  # the adapters alone change
-            weights = full_state_dict(self.model, self.dist, trainable_only=lora)  # collective
-            if self.gen_model is not None:
-                self.gen_model.load_state_dict(weights, strict=not lora)
+            lora = self.config.model.lora is not None
+            gather_into(self.model, self.gen_model, self.dist, adapters_only=lora)
         if self.policy is not None:
             self.policy.update_weights(None)
 

@@ -40,6 +40,7 @@ __all__ = [
     "check_shardable",
     "checkpoint_weights",
     "full_state_dict",
+    "gather_into",
     "init_dist",
     "is_sharded",
     "load_optimizer_state",
@@ -260,6 +261,15 @@ def full_state_dict(model: Any, d: Dist, *, trainable_only: bool = False) -> dic
     options = StateDictOptions(full_state_dict=True, cpu_offload=True,
                                ignore_frozen_params=trainable_only)  # fmt: skip
     return get_model_state_dict(model, options=options)
+
+
+def gather_into(model: Any, whole: Any, d: Dist, *, adapters_only: bool = False) -> None:
+    """Every rank sends its shards of `model`; rank 0 loads the gathered weights into
+    `whole`, its unsharded copy for sampling or evaluating (None on the other ranks).
+    `adapters_only`: under LoRA only the adapters change, so only they are gathered."""
+    weights = full_state_dict(model, d, trainable_only=adapters_only)  # collective
+    if whole is not None:
+        whole.load_state_dict(weights, strict=not adapters_only)
 
 
 def checkpoint_weights(model: Any, d: Dist) -> dict[str, Any]:

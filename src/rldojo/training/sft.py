@@ -74,7 +74,7 @@ from rldojo.training.distributed import (
     Dist,
     check_shardable,
     checkpoint_weights,
-    full_state_dict,
+    gather_into,
     is_sharded,
     optimizer_state,
     rank_device,
@@ -334,12 +334,12 @@ class SftObjective:
         """Rank 0 evaluates (sharded: on its unsharded copy, given the gathered weights);
         every rank gets the record, so all take the same turns after it."""
         assert self.mixture is not None and self.grader is not None
-        weights = full_state_dict(self.model, self.dist) if self.dist.sharded else None
+        if self.dist.sharded:
+            lora = self.config.model.lora is not None
+            gather_into(self.model, self.eval_model, self.dist, adapters_only=lora)
         result = None
         if self.dist.main:
             assert self.policy is not None
-            if weights is not None and self.eval_model is not None:
-                self.eval_model.load_state_dict(weights)
             self.policy.update_weights(None)  # the sampler sees the trained weights
             tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
             result = heldout_eval(self.config, self.mixture.make_env_for, self.grader,

@@ -50,7 +50,7 @@ from rldojo.training import rollout_workers
 from rldojo.training.distributed import (
     Dist,
     check_shardable,
-    full_state_dict,
+    gather_into,
     optimizer_state,
     rank_device,
     restore_trainer_state,
@@ -293,10 +293,8 @@ class Trainer:
         """The new weights to the sampler (sharded: gathered into rank 0's whole copy)
         and the Ray rollout workers; the policy version += 1."""
         if self.dist.sharded:
-            lora = self.config.model.lora is not None  # the adapters alone change
-            weights = full_state_dict(self.model, self.dist, trainable_only=lora)  # collective
-            if self.gen_model is not None:
-                self.gen_model.load_state_dict(weights, strict=not lora)
+            lora = self.config.model.lora is not None
+            gather_into(self.model, self.gen_model, self.dist, adapters_only=lora)
         if self.policy is not None:
             self.policy.update_weights()
         self.policy_updates += 1
