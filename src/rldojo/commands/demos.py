@@ -4,6 +4,7 @@
                  [--expert ID|pkg.module:factory]
                  [--teacher http://host:port/v1#model] [--samples K] [--temperature 0.7]
                  [--max-new-tokens 256] [--keep passed|all] [--api-key KEY]
+                 [--from-answers]
     rldojo demos CONFIG.toml --n N --out demos.jsonl [--set env.kwargs.levels=[1]]
 
 ENV is an environment id, or the TOML config that `rldojo sft` and `rldojo train` read:
@@ -13,10 +14,13 @@ over the kwargs), so the demonstrations come from the environment the model trai
 Without `--teacher`, the env's expert plays (`rldojo.envs.experts`), or the one `--expert`
 names (an installed expert's id from `rldojo plugins`, or ``pkg.module:factory``); with
 `--teacher`, the endpoint does, and only episodes the env's grader passes are kept (up
-to `--samples` attempts per task). Each line is one demo record (`rldojo.rollout.demos`);
-the file is replaced in one step when the collection is done. Bad input (unknown env, an
-env without an expert, bad `--env-kwargs` or config, an `--out` that cannot be written) is
-one line, before any episode; an error in the config's env names the config file.
+to `--samples` attempts per task); with `--from-answers`, each task's own reference
+answer is the reply (`AnswerActor`: a cold start for any env whose tasks carry `answer`),
+graded like any other, so only answers the env's grader passes are kept. Each line is
+one demo record (`rldojo.rollout.demos`); the file is replaced in one step when the
+collection is done. Bad input (unknown env, an env without an expert, bad `--env-kwargs`
+or config, an `--out` that cannot be written) is one line, before any episode; an error in
+the config's env names the config file.
 """
 
 from __future__ import annotations
@@ -77,10 +81,36 @@ def _write_jsonl(out: Path, rows: list[dict[str, Any]]) -> None:
     os.replace(tmp, out)  # a crash leaves the old file or the new one, never half
 
 
+class AnswerActor:
+    """An actor that replies with the task's reference answer (`Task.answer`), written
+    the way the env asks (its `reference_reply(task)`, where it has one), else as the
+    ``Answer: X`` line the rules graders read. A task without an answer raises, which
+    the episode records as `policy_error`: never a kept demo."""
+
+    source = "answers"
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any]) -> None:
+        from rldojo.envs.registry import make_env
+
+        self.env = make_env(env_id, **kwargs)
+        self.reply = getattr(self.env, "reference_reply", None)
+
+    def __call__(self, messages: list[Any], task: Any) -> str:
+        reply = self.reply(task) if self.reply is not None else None
+        if reply is None and task.answer is not None:
+            reply = f"Answer: {task.answer}"
+        if reply is None:
+            raise ValueError(f"task {task.id} carries no reference answer")
+        return str(reply)
+
+    async def aclose(self) -> None:
+        await self.env.close()
+
+
 async def _collect(o: dict[str, Any], kwargs: dict[str, Any]) -> tuple[list[dict], Any]:
     from rldojo.rollout.demos import Teacher, collect_demos
 
-    teacher = None
+    teacher: Any = AnswerActor(o["env"], kwargs) if o["from_answers"] else None
     if o["teacher"]:
         key = o["api_key"] or os.environ.get("OPENAI_API_KEY", "EMPTY")
         teacher = Teacher.from_spec(
@@ -164,6 +194,9 @@ def demos(
     api_key: Annotated[
         str | None, typer.Option(help="Teacher key (default $OPENAI_API_KEY)")
     ] = None,
+    from_answers: Annotated[
+        bool, typer.Option(help="Reply with each task's reference answer (a cold start)")
+    ] = False,
 ) -> None:
     """Play an env with its expert (or a teacher endpoint) and write graded demos as JSONL."""
     from rldojo.commands.ui import console, fail, user_errors
@@ -173,12 +206,7 @@ def demos(
     errors: tuple[type[Exception], ...] = (*user_errors(), ValueError)
     source = None
     try:
-        if keep not in ("passed", "all"):
-            raise ValueError(f"--keep must be 'passed' or 'all', got {keep!r}")
-        if n < 1 or samples < 1 or max_turns < 1:
-            raise ValueError("--n, --samples and --max-turns must be >= 1")
-        if expert and teacher:
-            raise ValueError("--expert and --teacher exclude each other: one of them plays")
+        _check_options(o)
         o["env"], kwargs, source = _env_of(env, env_kwargs, set_ or [])
         _check_out(out)
         records, stats = asyncio.run(_collect(o, kwargs))
@@ -188,5 +216,16 @@ def demos(
         fail(f"{source}: {exc}" if in_config else str(exc))
         return
     _write_jsonl(out, records)
-    source = f"teacher:{teacher.partition('#')[2]}" if teacher else "expert"
-    _print(console, o, stats.as_dict(), source)
+    played = f"teacher:{teacher.partition('#')[2]}" if teacher else "expert"
+    _print(console, o, stats.as_dict(), AnswerActor.source if from_answers else played)
+
+
+def _check_options(o: dict) -> None:
+    """One-line `ValueError`s for options that cannot go together, before anything plays."""
+    if o["keep"] not in ("passed", "all"):
+        raise ValueError(f"--keep must be 'passed' or 'all', got {o['keep']!r}")
+    if o["n"] < 1 or o["samples"] < 1 or o["max_turns"] < 1:
+        raise ValueError("--n, --samples and --max-turns must be >= 1")
+    if sum(map(bool, (o["expert"], o["teacher"], o["from_answers"]))) > 1:
+        raise ValueError("--expert, --teacher and --from-answers exclude each other: "
+                         "one of them plays")  # fmt: skip

@@ -38,6 +38,7 @@ def _doctor_rows() -> list[tuple[str, str, str]]:
         "trl",
         "ray",
         "vllm",
+        "reasoning_gym",  # the `reasoning-gym` extra: reasoning-gym-v1
     ):
         found = importlib.util.find_spec(pkg) is not None
         version = ""

@@ -77,17 +77,41 @@ def envs(
         str | None,
         typer.Option("--kwargs", metavar="ID", help="List this environment's kwargs"),
     ] = None,
+    reasoning_gym: Annotated[
+        bool,
+        typer.Option(
+            "--reasoning-gym", help="List reasoning-gym's datasets (reasoning-gym-v1 dataset=)"
+        ),
+    ] = False,
 ) -> None:
-    """List the registered environments, or one environment's kwargs."""
+    """List the registered environments, one environment's kwargs, or the datasets of
+    reasoning-gym-v1 (from the installed reasoning-gym's registry)."""
     from rldojo.commands.ui import console
 
     if kwargs is not None:
         _print_kwargs(kwargs)
         return
+    if reasoning_gym:
+        _print_reasoning_gym()
+        return
     from rldojo.envs.registry import list_envs
 
     for env_id in list_envs():
         console.print(env_id)
+
+
+def _print_reasoning_gym() -> None:
+    """One dataset name a line; a one-line error when the extra is not installed."""
+    from rldojo.commands.ui import console, fail
+    from rldojo.envs.reasoning_gym.env import OptionalDependencyError, dataset_names
+
+    try:
+        names = dataset_names()
+    except OptionalDependencyError as exc:
+        fail(str(exc))
+        return
+    for name in names:
+        console.print(name, highlight=False)
 
 
 def _print_kwargs(env_id: str) -> None:

@@ -1,149 +1,98 @@
 """reasoning-gym-v1: reasoning-gym's procedural datasets as rldojo environments.
 
     env = make_env("reasoning-gym-v1", dataset="leg_counting", config={"min_animals": 2})
+    env = make_env("reasoning-gym-v1", datasets={"leg_counting": 1, "basic_arithmetic": 2})
 
-Needs the optional package ``reasoning-gym`` (``pip install reasoning-gym``); without it
-`make_env` raises `OptionalDependencyError` saying so. Tasks come from
-``reasoning_gym.create_dataset(dataset, seed=..., size=n, **config)``; the train split
-uses the seed as given and the test split ``seed + TEST_SEED_OFFSET``, so the two are
-different draws (for datasets with a small space of questions they may still overlap).
+Needs the optional extra ``rldojo[reasoning-gym]``; without it `make_env` raises
+`OptionalDependencyError` saying so. Tasks come from ``reasoning_gym.create_dataset(name,
+seed=..., size=n, **config)``; the train split uses the seed as given and the test split
+``seed + TEST_SEED_OFFSET``, so the two are different draws (for datasets with a small
+space of questions they may still overlap).
 
-The policy answers in ``<answer>...</answer>`` (an ``Answer: ...`` line is accepted);
-the reward is the dataset's own ``score_answer(answer, entry)`` in [0, 1], minus
-`format_penalty` when no answer could be found (flagged `no_answer`). A scorer that
-raises is a failed score (``error``), never a 0; one that runs past `timeout_s` is
-``timeout``.
+With `datasets` (name -> weight), each task's dataset is drawn by weight from a generator
+seeded by the split's seed, then each dataset makes as many tasks as it was drawn, in
+order; every task records its dataset (`Task.info["dataset"]`) and is graded by that
+dataset's scorer (`rldojo.envs.reasoning_gym.grader`). Unknown dataset names and config
+keys are one-line `EnvKwargsError`s with the closest name, raised when the environment is
+built (a run builds its environments before it loads the model).
+
+The policy is asked for ``<answer>...</answer>``; the forms a small model writes instead
+are accepted too (`final_answer`). `reference_reply` writes a task's reference answer in
+the requested form, for demonstrations (``rldojo demos ... --from-answers``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import difflib
-import functools
-import importlib
-import re
-from collections.abc import Iterable
+import random
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from rldojo.envs.base import SingleTurnEnv
-from rldojo.envs.registry import EnvKwargsError, register
-from rldojo.graders.rules import NO_ANSWER_FLAG, extract_answer
-from rldojo.types import Rollout, Score, Task
+from pydantic import Field
 
-__all__ = ["OptionalDependencyError", "ReasoningGymEnv", "ReasoningGymGrader"]
+from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.kwargs import EnvKwargs
+from rldojo.envs.reasoning_gym.grader import (
+    OptionalDependencyError,
+    ReasoningGymGrader,
+    final_answer,
+    reasoning_gym,
+)
+from rldojo.envs.registry import EnvKwargsError, register
+from rldojo.types import Task
+
+__all__ = [
+    "OptionalDependencyError",
+    "ReasoningGymEnv",
+    "ReasoningGymGrader",
+    "ReasoningGymKwargs",
+    "dataset_names",
+    "draw_counts",
+    "final_answer",
+]
 
 ENV_ID = "reasoning-gym-v1"
 TEST_SEED_OFFSET = 1_000_003
 DEFAULT_N = {"train": 1000, "test": 200}
 INSTRUCTION = "Think it through, then give only the final answer in <answer>...</answer>."
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-class OptionalDependencyError(ImportError):
-    """An optional extra needed by this environment is not installed."""
-
-
-def _reasoning_gym() -> Any:
-    try:
-        return importlib.import_module("reasoning_gym")
-    except ImportError as exc:
-        raise OptionalDependencyError(
-            f"{ENV_ID} needs the optional package reasoning-gym: pip install reasoning-gym ({exc})"
-        ) from None
-
-
-def _scorer(source: tuple[Any, ...]) -> Any:
-    try:
-        return _cached_scorer(*source)
-    except TypeError:  # unhashable config values: build it uncached
-        return _cached_scorer.__wrapped__(*source)
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_scorer(dataset: str, seed: int, size: int, config: tuple[tuple[str, Any], ...]) -> Any:
-    rg = _reasoning_gym()
-    if hasattr(rg, "get_score_answer_fn"):
-        return rg.get_score_answer_fn(dataset)
-    return rg.create_dataset(dataset, seed=seed, size=size, **dict(config)).score_answer
-
-
-def final_answer(text: str) -> str | None:
-    """The last ``<answer>...</answer>``, else an ``Answer:`` line or ``\\boxed{}``."""
-    found = _ANSWER.findall(text)
-    return found[-1].strip() if found else extract_answer(text)
-
-
-class ReasoningGymGrader:
-    """``score_answer(answer, entry)`` of the task's dataset (see the module docstring)."""
-
-    name = "reasoning_gym"
-    version = "1"
-
-    def __init__(self, *, format_penalty: float = 0.0, timeout_s: float = 10.0) -> None:
-        self.format_penalty = format_penalty
-        self.timeout_s = timeout_s
-
-    async def grade(self, rollout: Rollout, task: Task) -> Score:
-        prov = {"grader": self.name, "version": self.version, "dataset": task.info.get("dataset")}
-        source = task.info.get("source")
-        entry = task.info.get("entry")
-        if not source or entry is None:
-            return Score.failed(
-                "invalid", f"task {task.id} is not a reasoning-gym task", provenance=prov
-            )
-        answer = final_answer(rollout.completion)
-        if answer is None:
-            return Score(
-                -self.format_penalty,
-                components={"correct": 0.0, "format": 0.0},
-                flags=(NO_ANSWER_FLAG,),
-                explanation="no answer found",
-                provenance=prov,
-            )
-        try:
-            score_fn = _scorer(tuple(source))
-            value = await asyncio.wait_for(
-                asyncio.to_thread(score_fn, answer=answer, entry=entry), self.timeout_s
-            )
-        except TimeoutError:
-            return Score.failed(
-                "timeout", f"score_answer took longer than {self.timeout_s:g}s", provenance=prov
-            )
-        except Exception as exc:  # the scorer's failure is not the policy's 0
-            return Score.failed(
-                "error", f"score_answer raised {type(exc).__name__}: {exc}", provenance=prov
-            )
-        value = float(value or 0.0)
-        return Score(
-            value,
-            components={"correct": 1.0 if value >= 1.0 else 0.0, "format": 1.0, "score": value},
-            explanation=f"answer {answer[:80]!r}",
-            provenance=prov,
-        )
-
-
-def _check_dataset(rg: Any, dataset: str, config: dict[str, Any]) -> None:
-    """An unknown dataset or config key is an `EnvKwargsError` naming the key, with the
-    closest name, when the environment is built (reasoning-gym itself says only "Dataset
-    'chain_sumx' not registered", when the first tasks are drawn). A reasoning-gym
-    without the `factory.DATASETS` registry is not checked: `create_dataset` says."""
+def _registry(rg: Any) -> dict[str, Any] | None:
+    """reasoning-gym's ``factory.DATASETS`` (name -> (dataset class, config class)), or
+    None for a reasoning-gym without it."""
     registry = getattr(getattr(rg, "factory", None), "DATASETS", None)
-    if not isinstance(registry, dict):
+    return registry if isinstance(registry, dict) else None
+
+
+def dataset_names() -> list[str]:
+    """The dataset names of the installed reasoning-gym, sorted (`rldojo envs
+    --reasoning-gym`); `OptionalDependencyError` when it is not installed."""
+    return sorted(_registry(reasoning_gym()) or {})
+
+
+def _check_dataset(rg: Any, dataset: str, config: Mapping[str, Any], key: str) -> None:
+    """An unknown dataset or config key is an `EnvKwargsError` naming the key (`key`: the
+    kwarg that named the dataset), with the closest name. reasoning-gym itself says only
+    "Dataset 'chain_sumx' not registered", when the first tasks are drawn. A reasoning-gym
+    without the `factory.DATASETS` registry is not checked: `create_dataset` says."""
+    registry = _registry(rg)
+    if registry is None:
         return
     if dataset not in registry:
-        raise EnvKwargsError(f"env.kwargs.dataset: reasoning-gym has no dataset {dataset!r}"
+        raise EnvKwargsError(f"env.kwargs.{key}: reasoning-gym has no dataset {dataset!r}"
                              f"{_did_you_mean(dataset, registry)}")  # fmt: skip
     config_cls = registry[dataset][1]
     if not dataclasses.is_dataclass(config_cls):
         return
     # seed and size are the environment's to set, per split
     accepted = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
-    for key in config:
-        if key not in accepted:
+    where = "config" if key == "dataset" else f"configs.{dataset}"
+    for name in config:
+        if name not in accepted:
             raise EnvKwargsError(
-                f"env.kwargs.config.{key}: reasoning-gym's {dataset} takes no {key!r}"
-                f"{_did_you_mean(key, accepted)}; it takes: {', '.join(accepted)}"
+                f"env.kwargs.{where}.{name}: reasoning-gym's {dataset} takes no {name!r}"
+                f"{_did_you_mean(name, accepted)}; it takes: {', '.join(accepted)}"
             )
 
 
@@ -152,33 +101,96 @@ def _did_you_mean(name: str, names: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _check_weights(datasets: Mapping[str, Any]) -> dict[str, float]:
+    """`datasets` as name -> weight; a weight that is not a number > 0 is one line."""
+    if not datasets:
+        raise EnvKwargsError("env.kwargs.datasets: name at least one dataset")
+    weights: dict[str, float] = {}
+    for name, weight in datasets.items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise EnvKwargsError(
+                f"env.kwargs.datasets.{name}: a weight must be a number > 0, got {weight!r}"
+            )
+        weights[str(name)] = float(weight)
+    return weights
+
+
+def draw_counts(weights: Mapping[str, float], size: int, seed: int) -> list[str]:
+    """The dataset of each of `size` tasks, drawn by weight with `random.Random(seed)`."""
+    names = list(weights)
+    return random.Random(seed).choices(names, weights=[weights[n] for n in names], k=size)
+
+
+class ReasoningGymKwargs(EnvKwargs):
+    """The keyword arguments of `ReasoningGymEnv` (dataset names and config keys are
+    checked against reasoning-gym's registry when the environment is built)."""
+
+    dataset: str | None = None
+    """One reasoning-gym dataset (``leg_counting``, ``chain_sum``, ...; `rldojo envs
+    --reasoning-gym` lists them); ``leg_counting`` when neither this nor `datasets`."""
+    datasets: dict[str, float] | None = None
+    """A weighted mix instead, name -> weight: ``{leg_counting = 1, basic_arithmetic = 2}``."""
+    config: dict[str, Any] | None = None
+    """Keyword arguments of `dataset`'s config (not ``seed``/``size``: set per split)."""
+    configs: dict[str, dict[str, Any]] | None = None
+    """Per dataset of the mix, keyword arguments of its config."""
+    system_prompt: str | None = None
+    """The system message; None for none."""
+    format_penalty: float = Field(0.0, ge=0)
+    """Reward lost when no final answer is found (0: the value is the dataset's score)."""
+
+
 class ReasoningGymEnv(SingleTurnEnv):
-    """One reasoning-gym dataset as a single-turn environment (see the module docstring).
+    """One reasoning-gym dataset, or a weighted mix of several, as a single-turn
+    environment (see the module docstring).
 
     Args:
-        dataset: a reasoning-gym dataset name (``leg_counting``, ``chain_sum``, ...).
-        config: keyword arguments of that dataset's config.
+        dataset: one reasoning-gym dataset name (``leg_counting``, ``chain_sum``, ...);
+            ``leg_counting`` when neither this nor `datasets` is given.
+        datasets: a weighted mix instead, name -> weight (``{leg_counting = 1,
+            basic_arithmetic = 2}``); excludes `dataset` and `config`.
+        config: keyword arguments of `dataset`'s config.
+        configs: per dataset of the mix, keyword arguments of its config.
         system_prompt: the system message; None for none.
         format_penalty: reward lost when no final answer is found.
     """
 
+    Kwargs = ReasoningGymKwargs
     env_id = ENV_ID
     expected_answer = "<answer>…</answer>"
     """What the grader extracts an answer from (`rldojo.training.signal` names it)."""
 
     def __init__(
         self,
-        dataset: str = "leg_counting",
+        dataset: str | None = None,
         *,
+        datasets: dict[str, float] | None = None,
         config: dict[str, Any] | None = None,
+        configs: dict[str, dict[str, Any]] | None = None,
         system_prompt: str | None = None,
         format_penalty: float = 0.0,
     ) -> None:
         super().__init__()
-        self.rg = _reasoning_gym()
-        self.dataset = dataset
-        self.config = dict(config or {})
-        _check_dataset(self.rg, dataset, self.config)
+        self.rg = reasoning_gym()
+        if datasets is not None and (dataset is not None or config):
+            raise EnvKwargsError("env.kwargs.datasets: give either dataset (with config) or "
+                                 "datasets (with configs), not both")  # fmt: skip
+        if datasets is None:
+            self.dataset = dataset or "leg_counting"
+            self.weights = {self.dataset: 1.0}
+            self.configs = {self.dataset: dict(config or {})}
+            _check_dataset(self.rg, self.dataset, self.configs[self.dataset], "dataset")
+        else:
+            self.weights = _check_weights(datasets)
+            self.dataset = ",".join(self.weights)
+            self.configs = {name: dict((configs or {}).get(name) or {}) for name in self.weights}
+            for name in configs or {}:
+                if name not in self.weights:
+                    raise EnvKwargsError(f"env.kwargs.configs.{name}: {name!r} is not one of "
+                                         f"the datasets ({', '.join(self.weights)})")  # fmt: skip
+            for name in self.weights:
+                _check_dataset(self.rg, name, self.configs[name], f"datasets.{name}")
+        self.config = self.configs[next(iter(self.weights))]
         self.system_prompt = system_prompt
         self.format_penalty = format_penalty
 
@@ -189,18 +201,35 @@ class ReasoningGymEnv(SingleTurnEnv):
         if size <= 0:
             return []
         rg_seed = seed + (TEST_SEED_OFFSET if split == "test" else 0)
-        data = self.rg.create_dataset(self.dataset, seed=rg_seed, size=size, **self.config)
-        source = (self.dataset, rg_seed, size, tuple(sorted(self.config.items())))
-        return [
-            Task(
-                id=f"{ENV_ID}/{self.dataset}/{split}/{seed}/{i}",
-                prompt=f"{entry['question']}\n\n{INSTRUCTION}",
-                answer=None if entry.get("answer") is None else str(entry["answer"]),
-                info={"dataset": self.dataset, "entry": entry, "source": source},
-                env=ENV_ID,
+        if len(self.weights) == 1:
+            order = [next(iter(self.weights))] * size
+        else:
+            order = draw_counts(self.weights, size, rg_seed)
+        entries: dict[str, Iterator[tuple[int, dict[str, Any]]]] = {}
+        sources: dict[str, tuple[Any, ...]] = {}
+        for name in dict.fromkeys(order):
+            config, count = self.configs[name], order.count(name)
+            data = self.rg.create_dataset(name, seed=rg_seed, size=count, **config)
+            entries[name] = iter(enumerate(data))
+            sources[name] = (name, rg_seed, count, tuple(sorted(config.items())))
+        tasks = []
+        for name in order:
+            j, entry = next(entries[name])
+            tasks.append(
+                Task(
+                    id=f"{ENV_ID}/{name}/{split}/{seed}/{j}",
+                    prompt=f"{entry['question']}\n\n{INSTRUCTION}",
+                    answer=None if entry.get("answer") is None else str(entry["answer"]),
+                    info={"dataset": name, "entry": entry, "source": sources[name]},
+                    env=ENV_ID,
+                )
             )
-            for i, entry in enumerate(data)
-        ]
+        return tasks
+
+    def reference_reply(self, task: Task) -> str | None:
+        """The task's reference answer written as the prompt asks, None without one
+        (demonstrations: ``rldojo demos reasoning-gym-v1 --from-answers``)."""
+        return None if task.answer is None else f"<answer>{task.answer}</answer>"
 
     def default_grader(self) -> ReasoningGymGrader:
         return ReasoningGymGrader(format_penalty=self.format_penalty)
