@@ -11,10 +11,9 @@ from rldojo.training.distributed import (
     Dist,
     check_shardable,
     init_dist,
-    load_positional_optimizer_state,
-    optimizer_state,
     rank_micro_batches,
 )
+from rldojo.training.rank_checkpoints import load_positional_optimizer_state, optimizer_state
 
 STEP = [[4, 1], [0, 3], [2]]  # an sft_schedule step: rows longest first, micro-batches of 2
 

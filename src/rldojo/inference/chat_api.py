@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rldojo.inference.chat_tools import split_tool_calls, tool_call_text
 from rldojo.inference.errors import bad_request
 from rldojo.inference.logprobs import logprobs_json
-from rldojo.inference.protocol import ChatRequest, ChatResult, ChatStream
+from rldojo.inference.protocol import ChatRequest, ChatResult, ChatStream, stop_strings
 from rldojo.inference.streaming import StreamOptions, chat_events, usage_json
 
 __all__ = [
@@ -137,7 +137,6 @@ def _role(role: str) -> str:
 
 
 def chat_request(body: ChatIn) -> ChatRequest:
-    stop = body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else [])
     tools = (
         tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
         if body.uses_tools()
@@ -150,7 +149,7 @@ def chat_request(body: ChatIn) -> ChatRequest:
         top_p=body.top_p,
         n=body.n,
         seed=body.seed,
-        stop=tuple(s for s in stop if s),
+        stop=stop_strings(body.stop),
         model=body.model,
         logprobs=bool(body.logprobs),
         top_logprobs=body.top_logprobs or 0,

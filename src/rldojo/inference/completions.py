@@ -43,6 +43,7 @@ from rldojo.inference.protocol import (
     CompletionResult,
     PromptEcho,
     TokenEvent,
+    stop_strings,
 )
 from rldojo.inference.streaming import StreamOptions, sse_stream, usage_counts
 
@@ -108,7 +109,6 @@ def invalid_completion(body: CompletionIn) -> JSONResponse | None:
 
 
 def completion_request(body: CompletionIn) -> CompletionRequest:
-    stop = body.stop if isinstance(body.stop, list) else ([body.stop] if body.stop else [])
     return CompletionRequest(
         prompts=body.prompts(),
         max_tokens=16 if body.max_tokens is None else body.max_tokens,
@@ -116,7 +116,7 @@ def completion_request(body: CompletionIn) -> CompletionRequest:
         top_p=body.top_p,
         n=body.n,
         seed=body.seed,
-        stop=tuple(s for s in stop if s),
+        stop=stop_strings(body.stop),
         logprobs=body.logprobs,
         echo=bool(body.echo),
     )

@@ -34,7 +34,14 @@ __all__ = [
     "PromptEcho",
     "RequestError",
     "TokenEvent",
+    "stop_strings",
 ]
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """A request's `stop` (one string, a list, or none) as the non-empty stop strings."""
+    listed = stop if isinstance(stop, list) else [stop] if stop else []
+    return tuple(s for s in listed if s)
 
 
 class RequestError(ValueError):

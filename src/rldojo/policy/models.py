@@ -27,6 +27,7 @@ import torch
 
 from rldojo.cache import cache_dir
 from rldojo.policy.attention import use_safe_sdpa
+from rldojo.store.checkpoint import is_sharded_checkpoint
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
@@ -194,7 +195,7 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
         tokenizer = load_tokenizer(name)
         if name == TINY_RANDOM:
             model = _tiny_random(tokenizer).to(dtype)
-        elif (Path(name) / "dcp" / ".metadata").is_file():  # a sharded checkpoint
+        elif is_sharded_checkpoint(Path(name)):  # each rank's shards (`dcp/`)
             model = _from_sharded_checkpoint(Path(name), dtype)
         else:
             path = smollm2_dir() if name == SMOLLM2 else name

@@ -46,25 +46,22 @@ from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
 from rldojo.policy.transformers_backend import TransformersPolicy
 from rldojo.rollout.episodes import collect_rollouts
-from rldojo.store.checkpoint import latest_checkpoint, save_checkpoint
+from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import TokenBatch, build_token_batch, completion_logits
 from rldojo.training.callbacks import Callback
 from rldojo.training.distributed import (
     Dist,
     check_shardable,
-    checkpoint_weights,
     gather_into,
-    optimizer_state,
     rank_device,
     rank_micro_batches,
-    restore_trainer_state,
     shard_model,
-    stage_sharded_checkpoint,
 )
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
 from rldojo.training.preflight import build_mixture, pass_threshold
+from rldojo.training.rank_checkpoints import restore_trainer_state, save_on_ranks
 from rldojo.training.resources import resolve_resources, seed_everything
 from rldojo.training.stops import RunStopped
 from rldojo.training.update import adamw_with_schedule, clipped_step, forward_context
@@ -162,9 +159,9 @@ class DistillObjective:
         models.check_model(cfg.model.name)
         models.check_model(d.teacher)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
-        check_shardable(cfg, self.dist, torch.device(self.precision.device))
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         self.device = rank_device(self.precision.device, self.dist)
+        check_shardable(cfg, self.dist, self.device)
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
         )  # late-bound: tests replace `load_model`
@@ -344,22 +341,11 @@ class DistillObjective:
         state by parameter name (any world size resumes it)."""
         state = {"distill": True, "evals": self.evals, "kl_first": self.kl_first,
                  "kl_last": self.kl_last, "world_size": self.dist.world}  # fmt: skip
-        directory = self.run_dir / "checkpoints"
-        staged = weights = optimizer = None
-        if self.config.run.checkpoint_format == "dcp":  # each rank writes its shards
-            staged = stage_sharded_checkpoint(directory, self.step_num, self.model,
-                                              self.optimizer, self.dist)  # fmt: skip
-        elif self.dist.sharded:
-            weights = checkpoint_weights(self.model, self.dist)
-            optimizer = optimizer_state(self.model, self.optimizer, self.dist)
-        if self.dist.main:
-            save_checkpoint(
-                directory, model=self.gen_model, tokenizer=self.tokenizer,
-                optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
-                state=state, model_state=weights, optimizer_state=optimizer, staged=staged,
-            )  # fmt: skip
-        self.dist.barrier()  # the others read it only once it is there
-        return directory / f"step_{self.step_num:06d}"
+        return save_on_ranks(self.run_dir / "checkpoints", self.step_num, model=self.model,
+                             writer=self.gen_model, tokenizer=self.tokenizer,
+                             optimizer=self.optimizer, scheduler=self.scheduler, state=state,
+                             d=self.dist, files=self.config.run.checkpoint_format,
+                             gather=True)  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         d = self.config.distill

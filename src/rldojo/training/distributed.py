@@ -12,10 +12,9 @@ whole model, so parameters, gradients and the optimizer's state are split across
 and one layer's full weights exist at a time.
 
 What the objectives need from it (`Dist`): which rank writes (rank 0 writes the run
-directory, the others compute), sums across ranks, the full state dict gathered on rank
-0 (checkpoints in the Hugging Face layout of a one-process run, so a run resumes on any
-world size and every command loads its checkpoints), and the optimizer's state by
-parameter name (the same format whatever the world size).
+directory, the others compute), sums and broadcasts across ranks, how a step's rows are
+dealt to the ranks, and the full state dict gathered on rank 0 (into its whole copy for
+sampling, `gather_into`). Checkpoints on several ranks: `rldojo.training.rank_checkpoints`.
 """
 
 from __future__ import annotations
@@ -25,32 +24,23 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from rldojo.config import ConfigValueError, TrainConfig
-from rldojo.store.checkpoint import is_sharded_checkpoint, load_trainer_state, staging_dir
 
 __all__ = [
     "Dist",
     "check_shardable",
-    "checkpoint_weights",
     "full_state_dict",
     "gather_into",
     "init_dist",
     "is_sharded",
-    "load_optimizer_state",
-    "load_positional_optimizer_state",
-    "optimizer_state",
     "rank_device",
     "rank_micro_batches",
-    "restore_trainer_state",
     "shard_model",
-    "stage_sharded_checkpoint",
     "world_size_from_env",
 ]
 
@@ -270,89 +260,3 @@ def gather_into(model: Any, whole: Any, d: Dist, *, adapters_only: bool = False)
     weights = full_state_dict(model, d, trainable_only=adapters_only)  # collective
     if whole is not None:
         whole.load_state_dict(weights, strict=not adapters_only)
-
-
-def checkpoint_weights(model: Any, d: Dist) -> dict[str, Any]:
-    """`full_state_dict` as a checkpoint keeps it: a tied output layer is the input
-    embedding, written once (as a one-process `save_pretrained` writes it)."""
-    weights = full_state_dict(model, d)
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
-        weights.pop("lm_head.weight", None)
-    return weights
-
-
-def optimizer_state(model: Any, optimizer: torch.optim.Optimizer, d: Dist) -> dict[str, Any]:
-    """The optimizer's state keyed by parameter name, whole, on rank 0 (collective)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_optimizer_state_dict(model, optimizer, options=options)
-
-
-def load_optimizer_state(model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any],
-                         d: Dist) -> None:  # fmt: skip
-    """Restore `optimizer_state`'s output on any world size (each rank read the whole
-    state from the checkpoint and keeps its shard)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=True)  # every rank read the file
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=options)
-
-
-def load_positional_optimizer_state(model: Any, optimizer: torch.optim.Optimizer,
-                                    state: dict[str, Any], d: Dist) -> None:  # fmt: skip
-    """Restore an optimizer state keyed by position (`optimizer.state_dict()` of one
-    process, as checkpoints before sharded training kept it) on any world size: position
-    k is the k-th trained parameter in the model's order, which names it."""
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
-    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
-    by_name = {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
-    load_optimizer_state(model, optimizer, by_name, d)
-
-
-def stage_sharded_checkpoint(directory: Path, step: int, model: Any,
-                             optimizer: torch.optim.Optimizer, d: Dist) -> Path:  # fmt: skip
-    """`run.checkpoint_format = "dcp"`: every rank writes its shards of the weights and of
-    the optimizer's state (torch.distributed.checkpoint, into `dcp/` of `step`'s staging
-    directory; nothing is gathered); returns that directory, for rank 0 to finish
-    (`rldojo.store.checkpoint.save_checkpoint(staged=...)`). Collective."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    staged = d.broadcast(staging_dir(directory, step, os.getpid()) if d.main else None)
-    if d.main:
-        staged.mkdir()
-    d.barrier()  # made (and the leftovers of killed writers removed) before anyone writes
-    weights, optim = get_state_dict(model, optimizer)
-    dcp.save({"model": weights, "optim": optim}, checkpoint_id=str(staged / "dcp"),
-             no_dist=d.world == 1)  # fmt: skip
-    return Path(staged)
-
-
-def restore_trainer_state(checkpoint: Path, model: Any, optimizer: torch.optim.Optimizer,
-                          scheduler: Any, d: Dist) -> dict[str, Any]:  # fmt: skip
-    """`checkpoint`'s optimizer and schedule state, RNG and state.json (returned), on any
-    world size: an optimizer state kept by parameter name, by position (a one-process
-    checkpoint's), or as each rank's shards (`dcp/`, read resharded to this world)."""
-    by_name = partial(load_optimizer_state, model, optimizer, d=d)
-    by_position = None  # one process takes it as it is; sharded, mapped to names
-    if d.sharded:
-        by_position = partial(load_positional_optimizer_state, model, optimizer, d=d)
-    state = load_trainer_state(checkpoint, optimizer, scheduler, by_name, by_position)
-    if is_sharded_checkpoint(checkpoint):
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_optimizer_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        optim = get_optimizer_state_dict(model, optimizer)
-        dcp.load({"optim": optim}, checkpoint_id=str(checkpoint / "dcp"), no_dist=d.world == 1)
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=optim)
-    return state

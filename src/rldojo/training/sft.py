@@ -54,7 +54,7 @@ from rldojo.eval.harness import EvalResult
 from rldojo.policy import models
 from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
-from rldojo.store.checkpoint import latest_checkpoint, save_checkpoint
+from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import (
     build_token_batch,
@@ -73,19 +73,16 @@ from rldojo.training.demo_data import (
 from rldojo.training.distributed import (
     Dist,
     check_shardable,
-    checkpoint_weights,
     gather_into,
     is_sharded,
-    optimizer_state,
     rank_device,
     rank_micro_batches,
-    restore_trainer_state,
     shard_model,
-    stage_sharded_checkpoint,
 )
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.loop import new_run_dir, run_loop, with_console
 from rldojo.training.preflight import build_mixture, pass_threshold
+from rldojo.training.rank_checkpoints import restore_trainer_state, save_on_ranks
 from rldojo.training.resources import resolve_resources, seed_everything
 from rldojo.training.stops import RunStopped
 from rldojo.training.update import adamw_with_schedule, clipped_step, forward_context
@@ -213,7 +210,7 @@ class SftObjective:
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)
         seed_everything(cfg.run.seed, cfg.run.deterministic)
         self.device = rank_device(self.precision.device, self.dist)
-        check_shardable(cfg, self.dist, torch.device(self.precision.device))
+        check_shardable(cfg, self.dist, self.device)
         self.model, self.tokenizer = load_training_model(
             cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
         )  # late-bound: tests replace `load_model`
@@ -352,24 +349,13 @@ class SftObjective:
         state = {"sft": True, "evals": self.evals, "nonfinite_skipped": self.nonfinite,
                  "loss_first": self.loss_first, "loss_last": self.loss_last,
                  "world_size": self.dist.world}  # fmt: skip
-        # Whole weights and the optimizer by parameter name, or each rank's shards of
-        # both: resumable on any world size.
-        directory = self.run_dir / "checkpoints"
-        staged = weights = optimizer = None
-        if self.config.run.checkpoint_format == "dcp":
-            staged = stage_sharded_checkpoint(directory, self.step_num, self.model,
-                                              self.optimizer, self.dist)  # fmt: skip
-        else:
-            weights = checkpoint_weights(self.model, self.dist) if self.dist.sharded else None
-            optimizer = optimizer_state(self.model, self.optimizer, self.dist)
-        if self.dist.main:
-            save_checkpoint(
-                directory, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-                scheduler=self.scheduler, step=self.step_num, state=state,
-                model_state=weights, optimizer_state=optimizer, staged=staged,
-            )  # fmt: skip
-        self.dist.barrier()  # the others read it only once it is there
-        return directory / f"step_{self.step_num:06d}"
+        # Whole weights and the optimizer by parameter name (also in one process), or
+        # each rank's shards of both: resumable on any world size.
+        return save_on_ranks(self.run_dir / "checkpoints", self.step_num, model=self.model,
+                             writer=self.model, tokenizer=self.tokenizer,
+                             optimizer=self.optimizer, scheduler=self.scheduler, state=state,
+                             d=self.dist, files=self.config.run.checkpoint_format, gather=True,
+                             by_name=True)  # fmt: skip
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -23,8 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rldojo.config import TrainConfig, dump_config
 from rldojo.envs.base import Env
 from rldojo.eval.harness import EvalResult
@@ -43,7 +41,7 @@ from rldojo.rollout.generation import Generation, LocalGeneration, RayGeneration
 from rldojo.rollout.groups import Collected, Group
 from rldojo.rollout.sources import RolloutSource, make_source
 from rldojo.rollout.tasks import TaskSampler
-from rldojo.store.checkpoint import latest_checkpoint, save_checkpoint
+from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.store.ledger import Ledger
 from rldojo.training import rollout_workers
@@ -51,11 +49,8 @@ from rldojo.training.distributed import (
     Dist,
     check_shardable,
     gather_into,
-    optimizer_state,
     rank_device,
-    restore_trainer_state,
     shard_model,
-    stage_sharded_checkpoint,
 )
 from rldojo.training.failures import FailureBudget, reference_preflight
 from rldojo.training.group_batch import group_batch
@@ -66,6 +61,7 @@ from rldojo.training.preflight import (
     env_entries,
     pass_threshold,
 )
+from rldojo.training.rank_checkpoints import restore_trainer_state, save_on_ranks
 from rldojo.training.resources import resolve_resources, seed_everything
 from rldojo.training.step_metrics import rollout_metrics
 from rldojo.training.stops import FailureBudgetExceeded
@@ -107,8 +103,8 @@ class Trainer:
             check_model(cfg.model.name)
         check_training_model(cfg.model, checkpoint, cfg.run.cluster)  # LoRA's needs
         check_vllm(cfg)  # generation.backend = "vllm": its package and settings
-        check_shardable(cfg, self.dist, torch.device(self.precision.device))
         self.device = rank_device(self.precision.device, self.dist)  # run.device, resolved
+        check_shardable(cfg, self.dist, self.device)
         if self.dist.main:  # first, and atomically: a run killed later can be resumed
             run_dir.mkdir(parents=True, exist_ok=True)
             write_atomically(run_dir / "config.toml", dump_config(cfg))
@@ -335,21 +331,12 @@ class Trainer:
         """A checkpoint (rank 0 finishes it): whole weights in the Hugging Face layout and,
         sharded, the optimizer's state by parameter name, or each rank's shards of both
         (`run.checkpoint_format = "dcp"`); any world size resumes it."""
-        directory = self.run_dir / "checkpoints"
-        staged = optimizer = None
-        if self.config.run.checkpoint_format == "dcp":  # each rank writes its shards
-            staged = stage_sharded_checkpoint(directory, self.step_num, self.model,
-                                              self.optimizer, self.dist)  # fmt: skip
-        elif self.dist.sharded:  # by name, gathered on rank 0
-            optimizer = optimizer_state(self.model, self.optimizer, self.dist)
-        if self.dist.main:
-            save_checkpoint(
-                directory, model=self.gen_model, tokenizer=self.tokenizer,
-                optimizer=self.optimizer, scheduler=self.scheduler, step=self.step_num,
-                state=self._run_state(), optimizer_state=optimizer, staged=staged,
-            )  # fmt: skip
-        self.dist.barrier()  # the others read it only once it is there
-        return directory / f"step_{self.step_num:06d}"
+        # rank 0's sampler copy holds the current weights whole: nothing to gather
+        return save_on_ranks(self.run_dir / "checkpoints", self.step_num, model=self.model,
+                             writer=self.gen_model, tokenizer=self.tokenizer,
+                             optimizer=self.optimizer, scheduler=self.scheduler,
+                             state=self._run_state(), d=self.dist,
+                             files=self.config.run.checkpoint_format, gather=False)  # fmt: skip
 
     def _run_state(self) -> dict[str, Any]:
         """What a checkpoint keeps besides the tensors: the draw position, evaluations,
