@@ -202,6 +202,7 @@ def child_main() -> None:
     observer.enter("import")
     import rldojo.rollout.generation as generation_module
     import rldojo.store.ledger as ledger_module
+    import rldojo.training.rank_checkpoints as checkpoints_module
     import rldojo.training.trainer as trainer_module
     from rldojo.cli import app
 
@@ -210,7 +211,7 @@ def child_main() -> None:
         (trainer_module, "load_model", "load"),
         (generation_module, "collect_rollouts", "generate"),
         (generation_module, "grade_rollouts", "grade"),
-        (trainer_module, "save_checkpoint", "save"),
+        (checkpoints_module, "save_checkpoint", "save"),  # where the trainer's save calls it
         (trainer_module.Trainer, "train_on", "train"),
         (ledger_module.Ledger, "add", "ledger.add"),
         (ledger_module.Ledger, "mark_trained", "ledger.mark_trained"),
