@@ -9,7 +9,7 @@ PYTHON ?= python3
 # GPU users: install your own torch into the venv first and set TORCH_SPEC="torch".
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install quickstart test test-fast lint sandbox-deps bench test-vllm test-interop
+.PHONY: install quickstart test test-fast lint sandbox-deps bench test-vllm test-interop test-verifiers
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -101,3 +101,19 @@ $(LMEVAL_STAMP): Makefile
 
 test-interop: $(STAMP) $(LMEVAL_STAMP)
 	RLDOJO_LM_EVAL=$(LMEVAL_VENV)/bin/lm_eval $(VENV)/bin/pytest -q tests/inference/test_lm_eval.py
+
+# verifiers-v1 against real verifiers environments (tests/envs/test_verifiers_env.py; it
+# skips without verifiers). verifiers 0.3 pulls openai-agents, which needs websockets<17
+# (rldojo's venv has 17.4, for openenv), so it gets a venv of its own. Not part of `make test`.
+VF_VENV  ?= .venv-verifiers
+VF_STAMP := $(VF_VENV)/.install-stamp
+
+$(VF_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/pip install -q --upgrade pip
+	$(VF_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(VF_VENV)/bin/pip install -q -e ".[dev,verifiers]" "$(TORCH_SPEC)"
+	touch $(VF_STAMP)
+
+test-verifiers: $(VF_STAMP)
+	$(VF_VENV)/bin/pytest -q -p no:cacheprovider tests/envs/test_verifiers_env.py

@@ -60,6 +60,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "rldojo.envs.reasoning_gym.env",
     "rldojo.envs.code",
     "rldojo.envs.openenv.env",
+    "rldojo.envs.verifiers.env",
 )
 """Modules that register the built-in environments when imported."""
 
