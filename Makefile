@@ -99,8 +99,23 @@ $(LMEVAL_STAMP): Makefile
 	$(LMEVAL_VENV)/bin/pip install -q "$(LMEVAL_SPEC)" transformers
 	touch $(LMEVAL_STAMP)
 
-test-interop: $(STAMP) $(LMEVAL_STAMP)
-	RLDOJO_LM_EVAL=$(LMEVAL_VENV)/bin/lm_eval $(VENV)/bin/pytest -q tests/inference/test_lm_eval.py
+# inspect-ai (UK AISI's eval framework) against `rldojo serve` through its OpenAI-compatible
+# provider (tests/inference/test_inspect_ai.py; it skips without it). Its own venv too: in
+# .venv or .venv-lmeval it would move fsspec (and python-dateutil) back a release. openai
+# is its provider's client; no torch. ~30 s to build on first use.
+INSPECT_VENV  ?= .venv-inspect
+INSPECT_STAMP := $(INSPECT_VENV)/.install-stamp
+INSPECT_SPEC  ?= inspect-ai==0.3.285
+
+$(INSPECT_STAMP): Makefile
+	$(PYTHON) -m venv $(INSPECT_VENV)
+	$(INSPECT_VENV)/bin/pip install -q --upgrade pip
+	$(INSPECT_VENV)/bin/pip install -q "$(INSPECT_SPEC)" openai
+	touch $(INSPECT_STAMP)
+
+test-interop: $(STAMP) $(LMEVAL_STAMP) $(INSPECT_STAMP)
+	RLDOJO_LM_EVAL=$(LMEVAL_VENV)/bin/lm_eval RLDOJO_INSPECT=$(INSPECT_VENV)/bin/inspect \
+	  $(VENV)/bin/pytest -q tests/inference/test_lm_eval.py tests/inference/test_inspect_ai.py
 
 # verifiers-v1 against real verifiers environments (tests/envs/test_verifiers_env.py; it
 # skips without verifiers). verifiers 0.3 pulls openai-agents, which needs websockets<17

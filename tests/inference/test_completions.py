@@ -141,6 +141,8 @@ def test_bad_requests_are_400_naming_the_field(client, args, param):
     with pytest.raises(openai.BadRequestError) as err:
         _complete(client, **args)
     assert err.value.body["param"] == param and param in err.value.body["message"]
+    too_long = "exceed" in err.value.body["message"]  # OpenAI's code, read by inspect-ai
+    assert err.value.body["code"] == ("context_length_exceeded" if too_long else None)
 
 
 def test_another_model_is_404_model_not_found(client):

@@ -241,7 +241,7 @@ class TransformersEngine:
             where = param if len(prompt) >= self.context else "max_tokens"
             message = (f"{len(prompt)} prompt tokens + max_tokens {max_tokens} exceed the "
                        f"model's context of {self.context} tokens")  # fmt: skip
-            raise RequestError(where, message)
+            raise RequestError(where, message, code="context_length_exceeded")
 
     # --------------------------------------------------------------------------- worker
 

@@ -3,7 +3,9 @@
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
                "code": null}}
 
-400 `BadRequestError` (a field's value, `param` names it), 401 `AuthenticationError`
+400 `BadRequestError` (a field's value, `param` names it; `code: context_length_exceeded`
+when prompt + `max_tokens` pass the model's context, as on OpenAI, which clients such as
+inspect-ai read as a length stop rather than a failure), 401 `AuthenticationError`
 (`code: invalid_api_key`), 404 `NotFoundError` (`code: model_not_found`), 500
 `InternalServerError` (the engine failed; the client may retry).
 """
@@ -34,4 +36,5 @@ def bad_request(param: str, message: str) -> JSONResponse:
 
 
 def request_error(exc: RequestError) -> JSONResponse:
-    return bad_request(exc.param, str(exc))
+    """The 400 of a request the engine refused, with its `param` and `code`."""
+    return openai_error(400, f"{exc.param}: {exc}", param=exc.param, code=exc.code)

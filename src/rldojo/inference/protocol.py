@@ -45,11 +45,13 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 class RequestError(ValueError):
-    """A request the engine cannot serve; `param` names the request field at fault."""
+    """A request the engine cannot serve; `param` names the request field at fault, `code`
+    is OpenAI's error code where it has one (`context_length_exceeded`)."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, param: str, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True)
