@@ -10,13 +10,16 @@ import json
 import pytest
 
 from rldojo.envs.openenv.grader import OpenEnvRewardGrader
+from rldojo.envs.openenv.tools import call_payload, listed_tools, tool_result
 from rldojo.envs.openenv.wire import (
     ServerReportedError,
     action_field_of,
     check_status,
+    is_tool_action,
     observation_messages,
 )
 from rldojo.envs.registry import EnvKwargsError, make_env
+from rldojo.envs.tool_calls import ToolCall
 from rldojo.types import Rollout, Task
 
 URL = "http://127.0.0.1:9"
@@ -27,8 +30,12 @@ def test_kwargs_are_checked_before_anything_connects():
         make_env("openenv-v1", base_url="localhost:8000")
     with pytest.raises(EnvKwargsError, match="did you mean 'max_turns'"):
         make_env("openenv-v1", base_url=URL, max_turn=3)
-    with pytest.raises(EnvKwargsError, match=r"env\.kwargs\.base_url: openenv-v1: missing"):
+    with pytest.raises(EnvKwargsError, match="exactly one of base_url and path"):
         make_env("openenv-v1")
+    with pytest.raises(EnvKwargsError, match="exactly one of base_url and path"):
+        make_env("openenv-v1", base_url=URL, path="envs/echo")
+    with pytest.raises(EnvKwargsError, match="'auto', 'text' or 'mcp_tools'"):
+        make_env("openenv-v1", path="envs/echo", actions="tools")
 
 
 def test_tasks_are_reset_requests_with_disjoint_seeds():
@@ -69,6 +76,53 @@ def test_observations_become_messages():
     assert observation_messages(echo, "echoed_message") == [{"role": "user", "content": "hi"}]
     with pytest.raises(ValueError, match="no field 'board'"):
         observation_messages(echo, "board")
+    mcp_reset = {"metadata": {"question": "Which country is Rome in?"}}  # nothing but metadata
+    assert observation_messages(mcp_reset) == [
+        {"role": "user", "content": "Which country is Rome in?"}
+    ]
+
+
+CALL_TOOL_ACTION = {  # openenv 0.10.0's CallToolAction schema, as /schema sends it
+    "properties": {
+        "metadata": {"type": "object"},
+        "type": {"const": "call_tool", "default": "call_tool", "type": "string"},
+        "tool_name": {"type": "string"},
+        "arguments": {"type": "object", "additionalProperties": True},
+    },
+    "required": ["tool_name"],
+}
+
+
+def test_mcp_tool_servers_are_told_apart_and_their_tools_listed():
+    assert is_tool_action(CALL_TOOL_ACTION)
+    assert not is_tool_action({"properties": {"message": {"type": "string"}}})
+    listed = {"tools": [{"name": "add", "description": "Add.", "input_schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}]}  # fmt: skip
+    (add,) = listed_tools(listed)
+    assert add.schema()["function"] == {"name": "add", "description": "Add.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": []}}  # fmt: skip
+    assert add.signature() == "add(a?: integer) - Add."
+    assert call_payload(ToolCall("add", {"a": 1})) == {
+        "type": "call_tool", "tool_name": "add", "arguments": {"a": 1}}  # fmt: skip
+
+
+def test_tool_observations_become_results_and_errors():
+    text = {"tool_name": "add", "error": None, "result": {
+        "content": [{"type": "text", "text": "3"}], "data": 3, "is_error": False}}  # fmt: skip
+    assert tool_result("add", text).message() == {
+        "role": "tool",
+        "content": '<tool_response>{"name": "add", "result": "3"}</tool_response>',
+    }
+    kinds = {"tool_not_found": "unknown_tool", "invalid_args": "bad_arguments",
+             "execution_error": "tool_error", "timeout": "exception"}  # fmt: skip
+    for error_type, kind in kinds.items():
+        error = {"error_type": error_type, "message": "no"}
+        failed = tool_result("add", {"tool_name": "add", "result": None, "error": error})
+        assert not failed.ok and failed.error_kind == kind and failed.content == "no"
+    flagged = {"tool_name": "add", "result": {"content": [{"type": "text", "text": "bad a"}],
+                                              "is_error": True}}  # fmt: skip
+    assert tool_result("add", flagged).error_kind == "tool_error"
+    assert tool_result("add", {"tool_name": "add", "result": {"data": [1, 2]}}).content == [1, 2]
 
 
 def test_reported_failures_raise_and_other_statuses_pass():

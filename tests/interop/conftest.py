@@ -1,5 +1,6 @@
 """Servers for the interop tests, all on loopback at free ports: rldojo's own OpenEnv
-server (in a thread) and the environment `openenv init` generates (in its own process).
+server (in a thread) and the directory of the environment `openenv init` generates
+(openenv-v1's `path` serves it in its own process).
 
 Nothing here sleeps for a fixed time: a server is ready when uvicorn says it listens
 (bounded waits), and is stopped by its handle or SIGTERM."""
@@ -7,12 +8,8 @@ Nothing here sleeps for a fixed time: a server is ready when uvicorn says it lis
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
-import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,32 +36,6 @@ def arith_server() -> Iterator[str]:
         yield handle.url
 
 
-def _listening_url(process: subprocess.Popen[str], timeout_s: float) -> str:
-    """The URL uvicorn prints once it listens (read from stderr, bounded by `timeout_s`);
-    stderr keeps being drained afterwards so the pipe never fills."""
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    seen: list[str] = []
-    while True:
-        try:
-            line = lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise RuntimeError(f"no 'Uvicorn running' in {timeout_s:g}s: {''.join(seen)}") from None
-        if line is None:
-            raise RuntimeError(f"the server exited: {''.join(seen)[-2000:]}")
-        seen.append(line)
-        found = re.search(r"Uvicorn running on (http://\S+)", line)
-        if found:
-            return found.group(1)
-
-
 @pytest.fixture(scope="module")
 def template_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The environment `openenv init echo_env` writes (an echo environment: the reward
@@ -73,22 +44,6 @@ def template_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, *TEMPLATE_COMMAND, str(out)], check=True,
                    capture_output=True, timeout=START_TIMEOUT_S)  # fmt: skip
     return out / "echo_env"
-
-
-@pytest.fixture(scope="module")
-def template_server(template_dir: Path) -> Iterator[str]:
-    """The generated environment served the way its own app.py documents
-    (``uvicorn server.app:app``), in its own process on a free port; its base URL."""
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", "0"],
-        cwd=template_dir, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
-    try:
-        yield _listening_url(process, START_TIMEOUT_S)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 class BrokenEnv(SingleTurnEnv):

@@ -1,7 +1,8 @@
 """OpenEnv in: `openenv-v1` drives OpenEnv servers through OpenEnv's own client: rldojo's
 served environments, and the environment `openenv init` generates (nobody here wrote
-it); failures across the boundary are rollout statuses, never a reward of 0; and
-tiny-random's rollouts through rldojo's episode engine come out graded."""
+it), started from its directory (`path`); failures across the boundary are rollout
+statuses, never a reward of 0; and tiny-random's rollouts through rldojo's episode
+engine come out graded."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from functools import partial
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from rldojo.envs.openenv.server import ServerStartError, shared_server
 from rldojo.envs.registry import make_env
 from rldojo.interop.openenv_server import start_env_server
 from rldojo.interop.served_episode import ServedEnvSpec
@@ -61,8 +63,9 @@ def test_openenv_env_plays_rldojos_served_arith(arith_server):
     assert wrong.ok and wrong.value == 0.0
 
 
-def test_openenv_env_plays_the_template_openenv_init_generates(template_server):
-    env = make_env("openenv-v1", base_url=template_server, max_turns=3)
+def test_openenv_env_plays_the_template_openenv_init_generates(template_dir):
+    """On the server it starts from the directory (`path`), shared by every episode."""
+    env = make_env("openenv-v1", path=str(template_dir), max_turns=3)
     task = env.tasks("train")[0]
     turns = ["hi", "hello", "hello there, echo"]
     opening, results, score = asyncio.run(play(env, task, turns))
@@ -71,22 +74,23 @@ def test_openenv_env_plays_the_template_openenv_init_generates(template_server):
         assert json.loads(result.messages[0]["content"])["echoed_message"] == turn
     assert results[-1].done and results[-1].info["episode/limit"] == "turns"
     assert score.ok and score.value == pytest.approx(sum(map(echo_reward, turns)))
-    last = make_env("openenv-v1", base_url=template_server, max_turns=3, reward="last")
+    last = make_env("openenv-v1", path=str(template_dir), max_turns=3, reward="last")
     _, _, final = asyncio.run(play(last, task, turns))
     assert final.value == pytest.approx(echo_reward(turns[-1]))
 
 
-def test_a_server_at_capacity_is_waited_for_then_env_error(template_server):
+def test_a_server_at_capacity_is_waited_for_then_env_error(template_dir):
     """The template serves one session at a time: a second episode waits for the first
-    to close (bounded by capacity_wait_s), then gets the server."""
-    env = make_env("openenv-v1", base_url=template_server, max_turns=1, capacity_wait_s=0)
-    other = make_env("openenv-v1", base_url=template_server, max_turns=1, capacity_wait_s=60)
+    to close (bounded by capacity_wait_s), then gets the server (the same one: every
+    environment with the same `path` shares it)."""
+    env = make_env("openenv-v1", path=str(template_dir), max_turns=1, capacity_wait_s=0)
+    other = make_env("openenv-v1", path=str(template_dir), max_turns=1, capacity_wait_s=60)
     task = env.tasks()[0]
 
     async def go() -> tuple:
         await env.reset(task, seed=0)  # holds the one session
         with pytest.raises(ConnectionError, match="capacity"):
-            await make_env("openenv-v1", base_url=template_server, capacity_wait_s=0).reset(
+            await make_env("openenv-v1", path=str(template_dir), capacity_wait_s=0).reset(
                 task, seed=0
             )
         waiting = asyncio.create_task(other.reset(task, seed=0))
@@ -99,6 +103,20 @@ def test_a_server_at_capacity_is_waited_for_then_env_error(template_server):
     first, opening, second = asyncio.run(go())
     assert first.done and second.done and second.info["openenv/rewards"] == [0.5]
     assert json.loads(opening.messages[0]["content"])["echoed_message"] == ECHO_READY
+    assert shared_server(template_dir) is shared_server(template_dir)
+
+
+def test_a_server_that_fails_to_start_is_one_line_naming_the_path(tmp_path):
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "app.py").write_text("raise RuntimeError('broken on purpose')\n")
+    env = make_env("openenv-v1", path=str(tmp_path))
+    with pytest.raises(ServerStartError) as failed:
+        asyncio.run(env.reset(env.tasks()[0], seed=0))
+    message = str(failed.value)
+    assert "\n" not in message and str(tmp_path) in message and "broken on purpose" in message
+    empty = make_env("openenv-v1", path=str(tmp_path / "server"))  # no server/app.py in it
+    with pytest.raises(ValueError, match="not an OpenEnv environment directory"):
+        asyncio.run(empty.reset(empty.tasks()[0], seed=0))
 
 
 class Scripted:
@@ -189,7 +207,7 @@ def test_a_server_graders_failure_is_a_failed_score(tiny, broken_env_id):
     assert score.status == "error" and score.value is None and "grader broke" in score.explanation
 
 
-def test_tiny_random_rollouts_through_the_engine_are_graded(tiny, arith_server, template_server):
+def test_tiny_random_rollouts_through_the_engine_are_graded(tiny, arith_server, template_dir):
     model, tokenizer = tiny
     policy = TransformersPolicy(model, tokenizer, generation_dtype=None)
     served = partial(make_env, "openenv-v1", base_url=arith_server, tasks=4, task_api=True)
@@ -197,7 +215,7 @@ def test_tiny_random_rollouts_through_the_engine_are_graded(tiny, arith_server, 
     for rollout, score in zip(rollouts, scores, strict=True):
         assert rollout.status == "ok" and any(rollout.policy_mask) and rollout.completion_ids
         assert score.ok and score.value == rollout.info["openenv/score"]["value"]
-    echo = partial(make_env, "openenv-v1", base_url=template_server, max_turns=2)
+    echo = partial(make_env, "openenv-v1", path=str(template_dir), max_turns=2)
     (rollout,), (score,) = run(echo, policy)
     turns = [m["content"] for m in rollout.messages if m["role"] == "assistant"]
     assert rollout.status == "ok" and len(turns) == 2 and rollout.policy_mask.count(False) > 0

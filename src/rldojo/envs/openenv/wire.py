@@ -6,9 +6,12 @@ reads the server's ``/schema``:
 - **action**: the assistant's text goes into one string field of the action. Which one is
   `action_field`, or else the action schema's only string field (a required one first:
   ``message`` for the environment `openenv init` generates and for `rldojo env serve`).
+  An action schema that is OpenEnv's MCP `CallToolAction` (`is_tool_action`) takes tool
+  calls instead (`rldojo.envs.openenv.tools`).
 - **observation**: an observation with a ``messages`` list of chat messages (what `rldojo
   env serve` sends) becomes those messages; otherwise `observation_field`'s value, or the
-  observation's only string field, or all its fields as JSON, becomes one user message.
+  observation's only string field, or all its fields as JSON (its ``metadata`` when it has
+  no other field, as an MCP environment's reset observation), becomes one user message.
 - **status**: an observation with rldojo's ``status`` field (a server `rldojo env serve`
   runs) that reports a failure is raised here (`ServerReportedError`, or a `TimeoutError`
   for ``timeout``), so the rollout engine records the status; ``grade_<s>`` is not
@@ -27,6 +30,9 @@ __all__ = [
     "ServerReportedError",
     "action_field_of",
     "check_status",
+    "discover_action_field",
+    "fetch_schema",
+    "is_tool_action",
     "observation_messages",
 ]
 
@@ -34,8 +40,8 @@ _NOT_SHOWN = frozenset({"metadata", "reward", "done"})
 """Observation fields that are not part of what the policy reads."""
 FAILURES = frozenset({"env_error", "timeout", "invalid"})
 """The statuses of `rldojo.interop.served_episode` that end an episode without grading."""
-_SCHEMA_CACHE: dict[str, str] = {}
-"""The discovered action field per base URL (a server's schema does not change)."""
+_SCHEMA_CACHE: dict[str, dict[str, Any]] = {}
+"""The server's ``/schema`` per base URL."""
 
 
 class ServerReportedError(RuntimeError):
@@ -62,9 +68,9 @@ def action_field_of(schema: Mapping[str, Any]) -> str:
     )
 
 
-async def discover_action_field(base_url: str, timeout_s: float) -> str:
-    """`action_field_of` the server at `base_url` (``GET /schema``), cached per URL;
-    `ConnectionError` when the server cannot be reached."""
+async def fetch_schema(base_url: str, timeout_s: float) -> dict[str, Any]:
+    """The server's ``GET /schema`` (action, observation and state JSON schemas), cached
+    per URL (a server's schema does not change); `ConnectionError` when it cannot be read."""
     if base_url in _SCHEMA_CACHE:
         return _SCHEMA_CACHE[base_url]
     import httpx
@@ -77,9 +83,24 @@ async def discover_action_field(base_url: str, timeout_s: float) -> str:
             schema = response.json()
     except httpx.HTTPError as exc:
         raise ConnectionError(f"GET {url}/schema failed: {type(exc).__name__}: {exc}") from exc
-    field = action_field_of(schema.get("action") or {})
-    _SCHEMA_CACHE[base_url] = field
-    return field
+    _SCHEMA_CACHE[base_url] = schema
+    return schema
+
+
+async def discover_action_field(base_url: str, timeout_s: float) -> str:
+    """`action_field_of` the server at `base_url` (``GET /schema``); `ConnectionError`
+    when the server cannot be reached."""
+    schema = await fetch_schema(base_url, timeout_s)
+    return action_field_of(schema.get("action") or {})
+
+
+def is_tool_action(schema: Mapping[str, Any]) -> bool:
+    """Whether an action JSON schema is OpenEnv's MCP `CallToolAction` (a ``tool_name``
+    string and an ``arguments`` object): the server takes tool calls, not text."""
+    props: Mapping[str, Any] = schema.get("properties") or {}
+    return (props.get("tool_name") or {}).get("type") == "string" and (
+        props.get("arguments") or {}
+    ).get("type") == "object"
 
 
 def _is_chat(value: Any) -> bool:
@@ -102,6 +123,8 @@ def observation_messages(observation: Mapping[str, Any], field: str | None = Non
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
         return [{"role": "user", "content": text}]
     shown = {k: v for k, v in observation.items() if k not in _NOT_SHOWN}
+    if not shown and observation.get("metadata"):  # e.g. an MCP environment's reset
+        shown = dict(observation["metadata"])
     strings = [v for v in shown.values() if isinstance(v, str)]
     if len(shown) == 1 and len(strings) == 1:
         return [{"role": "user", "content": strings[0]}]
