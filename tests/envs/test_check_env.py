@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -104,8 +105,11 @@ def builtin_kwargs(env_id: str, tmp_path, request=None) -> dict:
             "".join(f'{{"problem": "{i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(6))
         )
         return {"path": str(path), "test_fraction": 0.0}
-    if env_id == "crm-v1":
+    if env_id in ("crm-v1", "web-crm-v1"):
         return {"db_size": "small", "n_databases": 1}
+    if env_id == "verifiers-v1":  # a single-turn module written on verifiers' classes
+        pytest.importorskip("verifiers", reason="the verifiers extra: make test-verifiers")
+        return {"module": str(Path(__file__).parent / "verifiers_envs" / "vf_math_single.py")}
     return {}
 
 

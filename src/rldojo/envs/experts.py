@@ -64,6 +64,7 @@ EXPERTS = Registry(
     lazy={
         "arith-tools-v1": "rldojo.envs.arith_tools.expert:make_expert",
         "crm-v1": "rldojo.envs.crm.expert:make_expert",
+        "web-crm-v1": "rldojo.envs.web_crm.expert:make_expert",
         "tictactoe-v1": "rldojo.envs.games.expert:make_expert",
         "connect4-v1": "rldojo.envs.games.expert:make_expert",
     },

@@ -61,6 +61,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "rldojo.envs.code",
     "rldojo.envs.openenv.env",
     "rldojo.envs.verifiers.env",
+    "rldojo.envs.web_crm.env",
 )
 """Modules that register the built-in environments when imported."""
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rldojo.envs.crm.data import OPEN_STAGES, STAGES, TABLES, TICKET_SUBJECTS, TODAY, base_snapshot
 
-__all__ = ["DISCOUNTS", "KNOWLEDGE_BASE", "TEMPLATES", "Scenario", "make_scenario"]
+__all__ = ["DISCOUNTS", "KNOWLEDGE_BASE", "TEMPLATES", "Scenario", "Template", "make_scenario"]
 
 Scenario = dict[str, Any]
 """``{"template", "level", "prompt", "expected", "mentions"}``."""
@@ -335,7 +335,10 @@ def _overdue_lost(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-TEMPLATES: dict[int, tuple[Callable[[random.Random, _Db], Scenario | None], ...]] = {
+Template = Callable[[random.Random, _Db], Scenario | None]
+"""Draws one scenario from a start database, or None where it has no eligible entity."""
+
+TEMPLATES: dict[int, tuple[Template, ...]] = {
     1: (_contact_email, _deal_stage, _account_owner, _open_tickets),
     2: (_move_stage, _close_ticket, _log_call, _create_ticket),
     3: (_win_and_thank, _close_urgent, _deal_and_note),
@@ -346,14 +349,21 @@ TEMPLATES: dict[int, tuple[Callable[[random.Random, _Db], Scenario | None], ...]
 _DB_CACHE: dict[tuple[int, str], _Db] = {}
 
 
-def make_scenario(rng: random.Random, levels: tuple[int, ...], db_seed: int, size: str) -> Scenario:
-    """One scenario from a template of one of `levels`, on database `(db_seed, size)`."""
+def make_scenario(
+    rng: random.Random,
+    levels: tuple[int, ...],
+    db_seed: int,
+    size: str,
+    templates: Mapping[int, tuple[Template, ...]] = TEMPLATES,
+) -> Scenario:
+    """One scenario from a template of one of `levels` (of `templates`, crm-v1's by
+    default), on database `(db_seed, size)`."""
     db = _DB_CACHE.get((db_seed, size))
     if db is None:
         db = _DB_CACHE.setdefault((db_seed, size), _Db(db_seed, size))
     for _ in range(200):  # a template without an eligible entity is redrawn
         level = rng.choice(levels)
-        template = rng.choice(TEMPLATES[level])
+        template = rng.choice(templates[level])
         scenario = template(rng, db)
         if scenario is not None:
             return {"template": template.__name__.lstrip("_"), "level": level, **scenario}
