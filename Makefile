@@ -115,7 +115,8 @@ $(INSPECT_STAMP): Makefile
 
 test-interop: $(STAMP) $(LMEVAL_STAMP) $(INSPECT_STAMP)
 	RLDOJO_LM_EVAL=$(LMEVAL_VENV)/bin/lm_eval RLDOJO_INSPECT=$(INSPECT_VENV)/bin/inspect \
-	  $(VENV)/bin/pytest -q tests/inference/test_lm_eval.py tests/inference/test_inspect_ai.py
+	  RLDOJO_INTEROP=1 $(VENV)/bin/pytest -q tests/inference/test_lm_eval.py \
+	  tests/inference/test_inspect_ai.py tests/interop/test_trl_openenv.py
 
 # verifiers-v1 against real verifiers environments (tests/envs/test_verifiers_env.py; it
 # skips without verifiers). verifiers 0.3 pulls openai-agents, which needs websockets<17

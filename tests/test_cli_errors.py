@@ -131,18 +131,20 @@ def test_resume_of_a_directory_that_is_no_run_is_one_line(tmp_path):
     _one_line_error(result, "not a run directory")
 
 
-@pytest.mark.slow  # loads a model
-def test_config_without_model_or_run_says_which_defaults_apply(tmp_path):
+def test_config_without_model_or_run_says_which_defaults_apply(tmp_path, capsys):
+    """`rldojo train C` notes the defaults C leaves to the quickstart (`_load`, before any
+    model loads; what follows is the dry run the next test checks)."""
+    from rldojo.commands.train import _load
+
     config = tmp_path / "c.toml"
     config.write_text('[env]\nid = "arith-v1"\n')
-    small = ["--set", "eval.tasks=2", "--set", "sampling.max_new_tokens=4"]
-    result = runner.invoke(app, ["train", str(config), "--dry-run", *small])
-    assert result.exit_code == 0, result.output
-    assert f"note: {config} has no [model]: using the default" in result.output
-    assert f"note: {config} has no [run]: using the default (12 steps)" in result.output
-    result = runner.invoke(app, ["train", str(config), "--dry-run", *TINY])  # --set model.*
-    assert result.exit_code == 0, result.output
-    assert "note:" not in result.output
+    cfg = _load(config, ["eval.tasks=2"], None)
+    out = capsys.readouterr().out
+    assert cfg.model.name == "smollm2-135m-instruct" and cfg.run.steps == 12
+    assert f"note: {config} has no [model]: using the default" in out
+    assert f"note: {config} has no [run]: using the default (12 steps)" in out
+    _load(config, ["model.name=tiny-random", "run.steps=1"], None)
+    assert "note:" not in capsys.readouterr().out
 
 
 @pytest.mark.slow  # loads a model
