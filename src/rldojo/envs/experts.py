@@ -15,7 +15,8 @@ so the demonstrated calls are the ones a model must learn. Turns are short and c
 them (`rldojo.rollout.demos` plays experts into demonstration files).
 
 The experts of the built-in families live next to them (`arith_tools/expert.py`,
-`crm/expert.py`, `games_expert.py`) and are imported on first use. Experts are plugins
+`crm/expert.py`, `web_crm/expert.py`, `games/expert.py`) and are imported on first
+use; the CRM ones are `ScriptedExpert`s (a generator script per task template). Experts are plugins
 (`rldojo.plugins`, `EXPERTS`): `register_expert` adds one in process, an installed package
 through the entry-point group ``rldojo.experts`` (the entry's name is the environment id
 it plays, its value the factory), and ``expert_for(env_id, expert="pkg.mod:factory")``
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,6 +38,7 @@ from rldojo.types import Message, Task
 __all__ = [
     "EXPERTS",
     "Expert",
+    "ScriptedExpert",
     "ToolExchange",
     "expert_for",
     "list_experts",
@@ -172,3 +174,41 @@ def tool_exchanges(messages: list[Message]) -> list[list[ToolExchange]]:
             ]
         )
     return out
+
+
+# ------------------------------------------------------------------ experts that run scripts
+
+Script = Generator[list[tuple[str, dict[str, Any]]], Any, str]
+"""A template's script: yields a turn's calls ``(name, arguments)``, receives what the
+environment answered to them, returns the final answer."""
+
+
+class ScriptedExpert:
+    """An expert that plays each task by the script of its template
+    (``task.info["template"]``), replayed over the replies already in the conversation,
+    so it stays stateless. Subclasses set `scripts`, the exception a script raises to end
+    with an explanation (`stop`), and how the replies are read (`replies`)."""
+
+    scripts: Mapping[str, Callable[[str], Script]] = {}
+    stop: type[Exception] = Exception
+
+    def replies(self, messages: list[Message]) -> list[Any]:
+        """What the environment answered to each assistant turn so far, as scripts read it."""
+        raise NotImplementedError
+
+    def act(self, messages: list[Message], task: Task) -> str:
+        """The script's next calls, or its ``<answer>`` once it is done."""
+        script = self.scripts.get(str(task.info.get("template", "")))
+        if script is None:
+            return "<answer>I cannot do this request.</answer>"
+        prompt = task.prompt if isinstance(task.prompt, str) else messages[-1]["content"]
+        try:
+            run = script(prompt)
+            calls = next(run)
+            for reply in self.replies(messages):
+                calls = run.send(reply)
+        except StopIteration as done:
+            return f"<answer>{done.value}</answer>"
+        except self.stop as stop:
+            return f"<answer>{stop}</answer>"
+        return "\n".join(tool_call_text(name, args) for name, args in calls)

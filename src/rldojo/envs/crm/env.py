@@ -15,7 +15,6 @@ and any rollout can be forked mid-episode (`fork()`) into independent branches.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -25,7 +24,8 @@ from rldojo.envs.crm.api import CrmApi
 from rldojo.envs.crm.data import DB_SIZES, base_snapshot, connect, diff, state_digest
 from rldojo.envs.crm.grader import CrmGrader, CrmReward
 from rldojo.envs.crm.query import search_tool, sql_tool
-from rldojo.envs.crm.scenarios import KNOWLEDGE_BASE, make_scenario
+from rldojo.envs.crm.scenarios import KNOWLEDGE_BASE
+from rldojo.envs.crm.tasks import scenario_tasks
 from rldojo.envs.kwargs import EnvKwargs, LimitsKwargs, ToolEnvKwargs
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
 from rldojo.envs.tools import Tool
@@ -34,9 +34,6 @@ from rldojo.types import Task
 __all__ = ["ENV_ID", "CrmEnv", "CrmKwargs", "CrmRewardKwargs"]
 
 ENV_ID = "crm-v1"
-DEFAULT_N = {"train": 500, "test": 100}
-_SPLIT_DB_BASE = {"train": 0, "test": 10_000}
-"""Train and test tasks run on different databases (seeds from different ranges)."""
 
 INSTRUCTIONS = (
     "You are the CRM assistant of a sales and support team. Use the tools to look up and "
@@ -137,25 +134,15 @@ class CrmEnv(ToolEnv):
     # ---------------------------------------------------------------- tasks and tools
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
-        if split not in DEFAULT_N:
-            raise ValueError(f"{ENV_ID}: unknown split {split!r}; use 'train' or 'test'")
-        count = DEFAULT_N[split] if n is None else n
-        tasks = []
-        for i in range(count):
-            rng = random.Random(f"{ENV_ID}:{split}:{seed}:{i}")
-            db_seed = _SPLIT_DB_BASE[split] + i % self.n_databases
-            scenario = make_scenario(rng, self.levels, db_seed, self.db_size)
-            mentions = scenario["mentions"]
-            tasks.append(
-                Task(
-                    id=f"{ENV_ID}/{split}/{seed}/{i}",
-                    prompt=scenario["prompt"],
-                    answer="; ".join(mentions) if mentions else None,
-                    info={**scenario, "db": {"seed": db_seed, "size": self.db_size}},
-                    env=ENV_ID,
-                )
-            )
-        return tasks
+        return scenario_tasks(
+            ENV_ID,
+            split,
+            seed=seed,
+            n=n,
+            levels=self.levels,
+            n_databases=self.n_databases,
+            db_size=self.db_size,
+        )
 
     def build_tools(self) -> list[Tool]:
         tools = CrmApi(self.conn).tools()

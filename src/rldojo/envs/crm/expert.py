@@ -21,8 +21,8 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from rldojo.envs.crm.data import OPEN_STAGES, TODAY
-from rldojo.envs.experts import ToolExchange, tool_call_text, tool_exchanges
-from rldojo.types import Message, Task
+from rldojo.envs.experts import ScriptedExpert, ToolExchange, tool_exchanges
+from rldojo.types import Message
 
 __all__ = ["SCRIPTS", "CrmExpert", "make_expert"]
 
@@ -291,25 +291,14 @@ SCRIPTS: dict[str, Callable[[str], Script]] = {
 """The script of each scenario template, by the template's name (``task.info["template"]``)."""
 
 
-class CrmExpert:
+class CrmExpert(ScriptedExpert):
     """Plays crm-v1 by the script of the task's template (see the module docstring)."""
 
-    def act(self, messages: list[Message], task: Task) -> str:
-        """The next calls of the script, or its ``<answer>`` once it is done."""
-        script = SCRIPTS.get(str(task.info.get("template", "")))
-        if script is None:
-            return "<answer>I cannot do this request.</answer>"
-        prompt = task.prompt if isinstance(task.prompt, str) else messages[-1]["content"]
-        try:
-            run = script(prompt)
-            calls = next(run)
-            for turn in tool_exchanges(messages):
-                calls = run.send(turn)
-        except StopIteration as done:
-            return f"<answer>{done.value}</answer>"
-        except _Stop as stop:
-            return f"<answer>{stop}</answer>"
-        return "\n".join(tool_call_text(name, args) for name, args in calls)
+    scripts = SCRIPTS
+    stop = _Stop
+
+    def replies(self, messages: list[Message]) -> list[list[ToolExchange]]:
+        return tool_exchanges(messages)
 
 
 def make_expert(**_env_kwargs: Any) -> CrmExpert:

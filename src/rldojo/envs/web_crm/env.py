@@ -23,7 +23,6 @@ the next turn (typed form values are not kept: a snapshot is taken between pages
 from __future__ import annotations
 
 import importlib.util
-import random
 import shutil
 import threading
 import weakref
@@ -36,7 +35,7 @@ from pydantic import Field
 from rldojo.envs.crm.data import DB_SIZES, base_snapshot, connect, diff, state_digest
 from rldojo.envs.crm.env import CrmRewardKwargs
 from rldojo.envs.crm.grader import CrmGrader, CrmReward
-from rldojo.envs.crm.scenarios import make_scenario
+from rldojo.envs.crm.tasks import scenario_tasks
 from rldojo.envs.kwargs import LimitsKwargs, ToolEnvKwargs
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv, TurnOutcome
 from rldojo.envs.registry import register
@@ -53,8 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["ENV_ID", "WebCrmEnv", "WebCrmKwargs", "shared_pool"]
 
 ENV_ID = "web-crm-v1"
-DEFAULT_N = {"train": 500, "test": 100}
-_SPLIT_DB_BASE = {"train": 0, "test": 10_000}
 
 INSTRUCTIONS = (
     "You are the CRM assistant of a sales and support team. You operate the CRM's web "
@@ -143,24 +140,16 @@ class WebCrmEnv(ToolEnv):
         self._finalizer: weakref.finalize | None = None
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
-        if split not in DEFAULT_N:
-            raise ValueError(f"{ENV_ID}: unknown split {split!r}; use 'train' or 'test'")
-        tasks = []
-        for i in range(DEFAULT_N[split] if n is None else n):
-            rng = random.Random(f"{ENV_ID}:{split}:{seed}:{i}")
-            db_seed = _SPLIT_DB_BASE[split] + i % self.n_databases
-            scenario = make_scenario(rng, self.levels, db_seed, self.db_size, WEB_TEMPLATES)
-            mentions = scenario["mentions"]
-            tasks.append(
-                Task(
-                    id=f"{ENV_ID}/{split}/{seed}/{i}",
-                    prompt=scenario["prompt"],
-                    answer="; ".join(mentions) if mentions else None,
-                    info={**scenario, "db": {"seed": db_seed, "size": self.db_size}},
-                    env=ENV_ID,
-                )
-            )
-        return tasks
+        return scenario_tasks(
+            ENV_ID,
+            split,
+            seed=seed,
+            n=n,
+            levels=self.levels,
+            n_databases=self.n_databases,
+            db_size=self.db_size,
+            templates=WEB_TEMPLATES,
+        )
 
     def build_tools(self) -> list[Tool]:
         return list(ACTION_TOOLS)

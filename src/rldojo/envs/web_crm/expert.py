@@ -23,9 +23,9 @@ from datetime import datetime
 from typing import Any
 
 from rldojo.envs.crm.data import OPEN_STAGES, TODAY
-from rldojo.envs.experts import tool_call_text
+from rldojo.envs.experts import ScriptedExpert
 from rldojo.envs.web_crm.reading import NotOnPage, alert, cell_ref, cell_text, field, ref, table
-from rldojo.types import Message, Task
+from rldojo.types import Message
 
 __all__ = ["SCRIPTS", "WebCrmExpert", "make_expert"]
 
@@ -345,25 +345,14 @@ def _reply(turn: list[str]) -> str:
     return errors[0] if errors else (turn[-1] if turn else "error: no reply")
 
 
-class WebCrmExpert:
+class WebCrmExpert(ScriptedExpert):
     """Plays web-crm-v1 by the script of the task's template (see the module docstring)."""
 
-    def act(self, messages: list[Message], task: Task) -> str:
-        """The next actions of the script, or its ``<answer>`` once it is done."""
-        script = SCRIPTS.get(str(task.info.get("template", "")))
-        if script is None:
-            return "<answer>I cannot do this request.</answer>"
-        prompt = task.prompt if isinstance(task.prompt, str) else messages[-1]["content"]
-        try:
-            run = script(prompt)
-            actions = next(run)
-            for reply in replies(messages):
-                actions = run.send(reply)
-        except StopIteration as done:
-            return f"<answer>{done.value}</answer>"
-        except NotOnPage as stop:
-            return f"<answer>{stop}</answer>"
-        return "\n".join(tool_call_text(name, args) for name, args in actions)
+    scripts = SCRIPTS
+    stop = NotOnPage
+
+    def replies(self, messages: list[Message]) -> list[str]:
+        return replies(messages)
 
 
 def make_expert(**_env_kwargs: Any) -> WebCrmExpert:
