@@ -16,10 +16,11 @@ them (`rldojo.rollout.demos` plays experts into demonstration files).
 
 The experts of the built-in families live next to them (`arith_tools/expert.py`,
 `crm/expert.py`, `web_crm/expert.py`, `games/expert.py`) and are imported on first
-use; the CRM ones are `ScriptedExpert`s (a generator script per task template). Experts are plugins
-(`rldojo.plugins`, `EXPERTS`): `register_expert` adds one in process, an installed package
-through the entry-point group ``rldojo.experts`` (the entry's name is the environment id
-it plays, its value the factory), and ``expert_for(env_id, expert="pkg.mod:factory")``
+use; the CRM ones are `ScriptedExpert`s (a generator script per task template). Experts
+are plugins (`rldojo.plugins`, `EXPERTS`): `register_expert` adds one in process, an
+installed package through the entry-point group ``rldojo.experts`` (the entry's name is the
+environment id it plays, its value the factory), and ``expert_for(env_id,
+expert="pkg.mod:factory")``
 (``rldojo demos --expert``) plays one named by path, or another registered one.
 """
 
