@@ -18,6 +18,7 @@ time, the demonstrations' pass rate, SFT loss first/last, the machine (CPU flags
 Usage: python benchmarks/agentic_pipeline.py [--envs arith-tools-v1 crm-v1 tictactoe-v1]
            [--demos 200] [--set key=value ...] [--rl-set key=value ...]
            [--sft-run DIR] [--out runs/agentic-pipeline] [--tag T] [--results DIR] [--dry]
+           [--config TOML] [--from-answers]
 Writes benchmarks/results/agentic_pipeline/<env>.json (<env>_<T>.json with --tag; one
 file per environment, written when its pipeline ends; `results_io`, --results DIR for
 another folder). `--dry`: tiny-random, 8 demos, 2 RL steps of 2 x 2 samples of 16
@@ -25,11 +26,21 @@ tokens, 4 test tasks (the smoke run of agentic_gpu.sh), runs and results in temp
 folders; `--set` still overrides it.
 With `--set eval.every=N` the RL run's periodic evaluations are in `during_rl`, each
 paired with SFT.
+
+`--config TOML` runs that config's environment (its `[env]` id, e.g. reasoning-gym-v1)
+in place of the committed recipes; `--from-answers` makes the cold start from the tasks'
+own reference answers (`rldojo demos --from-answers`, for environments without an expert):
+the demos and SFT run first in OUT/LABEL/answers/, then the pipeline (OUT/LABEL/ENV)
+starts RL from that SFT run as with `--sft-run`; the demos' count and wall time are in
+`answers_demos`. Every result also holds `paired_by_kind`: per kind of test task, each
+stage's success and the paired tests on that kind's tasks alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -54,7 +65,8 @@ CONFIGS = {
     "tictactoe-v1": ROOT / "examples" / "agentic_tictactoe.toml",
 }
 # The task `info` key whose values split each environment's held-out tasks into kinds.
-GROUP_BY = {"arith-tools-v1": "level", "crm-v1": "template", "tictactoe-v1": "mark"}
+GROUP_BY = {"arith-tools-v1": "level", "crm-v1": "template", "tictactoe-v1": "mark",
+            "reasoning-gym-v1": "dataset"}  # fmt: skip
 
 
 def run_pipeline(
@@ -64,33 +76,107 @@ def run_pipeline(
     out: Path,
     rl_overrides: Sequence[str] = (),
     sft_run: Path | None = None,
+    config: Path | None = None,
 ) -> dict[str, Any]:
     """One environment's pipeline in OUT/ENV (`rldojo.training.pipeline.run_pipeline`; its
     output in OUT/ENV.log.txt; a pipeline already there resumes): the summary, with the
     environment and the machine. `rl_overrides` apply to the RL stage alone (e.g. LoRA
     there after a full SFT). `sft_run`: start RL from that earlier SFT run instead of
     running demos and SFT again; its SFT wall time is the one it recorded, and the
-    demos' (seconds) is not counted."""
+    demos' (seconds) is not counted. `config`: that TOML in place of the env's recipe."""
     from rich.console import Console
 
     from rldojo.training.pipeline import run_pipeline as pipeline
 
-    config = CONFIGS[env_id]
+    config = (config or CONFIGS[env_id]).resolve()
     out.mkdir(parents=True, exist_ok=True)
     load_start = load_average()
     with (out / f"{env_id}.log.txt").open("a") as log:
         summary = pipeline(config, overrides, out / env_id, demos=demos, rl_overrides=rl_overrides,
-                           sft_run=sft_run, group_by=GROUP_BY[env_id],
+                           sft_run=sft_run, group_by=GROUP_BY.get(env_id),
                            console=Console(file=log, width=120))  # fmt: skip
     machine = {"cpu_flags": cpu_flags(), "cores": os.cpu_count(), "gpu": gpu_name(),
                "load_start": load_start, "load_end": load_average()}  # fmt: skip
-    return {"env": env_id, **summary, "config": str(config.relative_to(ROOT)),
-            "machine": machine}  # fmt: skip
+    shown = config.relative_to(ROOT) if config.is_relative_to(ROOT) else config
+    paired = paired_by_kind(summary, config, overrides, GROUP_BY.get(env_id))
+    return {"env": env_id, **summary, "config": str(shown), "machine": machine,
+            "paired_by_kind": paired}  # fmt: skip
+
+
+def paired_by_kind(
+    summary: dict[str, Any], config: Path, overrides: list[str], key: str | None
+) -> dict[str, Any]:
+    """Per kind of test task (`info[key]`): each stage's success with its Wilson interval
+    and the paired tests base -> SFT and SFT -> SFT+RL on that kind's tasks alone (a mix
+    of reasoning-gym datasets: one table per dataset)."""
+    from rldojo.config import load_config
+    from rldojo.eval.compare import paired_comparison, read_outcomes, success_rate
+    from rldojo.training.preflight import build_mixture
+
+    if key is None:
+        return {}
+    tasks = build_mixture(load_config(config, overrides)).test_tasks
+    kinds = {t.id: str(t.info.get(key)) for t in tasks}
+    sft, rl = Path(summary["runs"]["sft"]), Path(summary["runs"]["rl"])
+    stages = {"base": read_outcomes(sft, "before"), "sft": read_outcomes(sft, "after"),
+              "sft_rl": read_outcomes(rl, "after")}  # fmt: skip
+    out: dict[str, Any] = {}
+    for kind in sorted(set(kinds.values())):
+        of = {name: None if o is None else {t: v for t, v in o.items() if kinds.get(t) == kind}
+              for name, o in stages.items()}  # fmt: skip
+        out[kind] = {"success": {name: success_rate(o) for name, o in of.items()},
+                     "base_to_sft": paired_comparison(of["base"], of["sft"]),
+                     "sft_to_sft_rl": paired_comparison(of["sft"], of["sft_rl"])}  # fmt: skip
+    return {"key": key, **out}
+
+
+def answers_sft(config: Path, demos: int, overrides: list[str], out: Path) -> dict[str, Any]:
+    """The cold start from the tasks' reference answers, in OUT (`rldojo demos
+    --from-answers` then `rldojo sft`; an SFT run already there is reused): the SFT run
+    directory to start RL from, and the demos' episodes, passes and wall time."""
+    import time
+
+    from rich.console import Console
+
+    from rldojo.commands.demos import AnswerActor
+    from rldojo.config import load_config
+    from rldojo.rollout.demos import collect_demos
+    from rldojo.training.sft import run_sft
+
+    cfg, sft_dir, data = load_config(config, overrides), out / "sft", out / "demos.jsonl"
+    facts_file = out / "demos_facts.json"
+    out.mkdir(parents=True, exist_ok=True)
+    if not facts_file.exists():
+        started = time.perf_counter()
+        actor = AnswerActor(cfg.env.id, dict(cfg.env.kwargs))
+        try:
+            records, stats = asyncio.run(collect_demos(cfg.env.id, cfg.env.kwargs, n=demos,
+                                                       actor=actor, keep="all"))  # fmt: skip
+        finally:
+            asyncio.run(actor.aclose())
+        data.write_text("".join(json.dumps(r, default=str) + "\n" for r in records))
+        facts = {"episodes": stats.episodes, "passed": stats.passed,
+                 "wall_s": time.perf_counter() - started}  # fmt: skip
+        facts_file.write_text(json.dumps(facts))
+    if not (sft_dir / "summary.json").exists():
+        resume = (sft_dir / "config.toml").exists()
+        with (out / "sft.log.txt").open("a") as log:
+            run_sft(cfg, data, run_dir=sft_dir, resume=resume, overwrite=not resume,
+                    console=Console(file=log, width=120))  # fmt: skip
+    return {"sft_run": sft_dir, **json.loads(facts_file.read_text())}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument(
+        "--config", type=Path, help="this TOML's environment in place of --envs' recipes"
+    )
+    parser.add_argument(
+        "--from-answers",
+        action="store_true",
+        help="cold start from the tasks' reference answers (rldojo demos --from-answers)",
+    )
     parser.add_argument("--demos", type=int, default=200, help="expert episodes per env")
     parser.add_argument(
         "--set",
@@ -122,19 +208,31 @@ def main() -> None:
     )
     add_result_args(parser, "tiny-random, 8 demos, 2 RL steps of 2 x 2, 4 test tasks")
     args = parser.parse_args()
-    if args.sft_run is not None and len(args.envs) != 1:
-        parser.error("--sft-run: name the one environment it was for with --envs")
+    if args.sft_run is not None and (len(args.envs) != 1 or args.from_answers):
+        parser.error("--sft-run: name the one environment it was for with --envs "
+                     "(and no --from-answers: that makes its own SFT run)")  # fmt: skip
     if args.dry:  # first, so that --set still wins
         args.demos, args.overrides = min(args.demos, 8), [*DRY_OVERRIDES, *args.overrides]
+    if args.config is not None:
+        from rldojo.config import load_config
+
+        args.envs = [load_config(args.config, args.overrides).env.id]
     if args.out is None:
         args.out = Path(tempfile.mkdtemp(prefix="agentic_dry_")) if args.dry else DEFAULT_RUNS
     args.results = results_dir(args.results, dry=args.dry)  # one folder for every env
     for env_id in args.envs:
-        result = run_pipeline(
-            env_id, args.demos, args.overrides, args.out, args.rl_overrides, args.sft_run
-        )
         stem = env_id.split("-v")[0].replace("-", "_")
         label = f"{stem}_{args.tag}" if args.tag else stem
+        sft_run, answers, out = args.sft_run, None, args.out
+        if args.from_answers:  # OUT/LABEL: one config's env may run with several tags
+            out = args.out / label
+            config = args.config or CONFIGS[env_id]
+            answers = answers_sft(config, args.demos, args.overrides, out / "answers")
+            sft_run = answers.pop("sft_run")
+        result = run_pipeline(env_id, args.demos, args.overrides, out, args.rl_overrides,
+                              sft_run, args.config)  # fmt: skip
+        if answers is not None:
+            result["answers_demos"] = answers
         path = write_result("agentic_pipeline", label, result, out_dir=args.results,
                             dry=args.dry)  # fmt: skip
         s, p = result["success"], result["paired"]["sft_to_sft_rl"]
