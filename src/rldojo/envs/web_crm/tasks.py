@@ -6,14 +6,14 @@ web application's database exactly as it scores crm-v1's. What changes is the gr
 in a browser a task's length is the number of page actions, so the four levels are
 horizons (typical expert actions in brackets):
 
-1. look a value up on a detail page [2-4]: a contact's email, a deal's stage, an
+1. look a value up on a detail page [4]: a contact's email, a deal's stage, an
    account's owner, the count of an account's open tickets;
 2. change a field through an edit form, or close a ticket through its confirmation
-   step [5-8]: move a deal's stage, close a ticket, the stage chosen by amount;
-3. create records through forms, one of which the request makes fail first [6-12]: a
+   step [7-8]: move a deal's stage, close a ticket, the stage chosen by amount;
+3. create records through forms, one of which the request makes fail first [8-15]: a
    deal whose close date the user gives in words (the form wants YYYY-MM-DD; the alert
    says so) and a note on it, a ticket, a logged call;
-4. several records found through search and pages and acted on [12-20]: close every
+4. several records found through search and pages and acted on [8-21]: close every
    high or urgent ticket of an account, mark its overdue deals lost, win a deal and
    email the primary contact.
 """
