@@ -6,6 +6,7 @@ import json
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import gymnasium
 import pytest
@@ -32,8 +33,11 @@ def builtin_kwargs(env_id: str, math_file, request=None) -> dict:
         return {"base_url": request.getfixturevalue("openenv_url")}
     if env_id == "math-v1":
         return {"path": str(math_file), "test_fraction": 0.0}
-    if env_id == "crm-v1":
+    if env_id in ("crm-v1", "web-crm-v1"):
         return {"db_size": "small", "n_databases": 1}
+    if env_id == "verifiers-v1":  # a single-turn module written on verifiers' classes
+        pytest.importorskip("verifiers", reason="the verifiers extra: make test-verifiers")
+        return {"module": str(Path(__file__).parent / "verifiers_envs" / "vf_math_single.py")}
     return {}
 
 
