@@ -8,7 +8,6 @@ from __future__ import annotations
 import sys
 import textwrap
 import types
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -96,27 +95,10 @@ def fake_reasoning_gym(monkeypatch):
     return module
 
 
-def builtin_kwargs(env_id: str, tmp_path, request=None) -> dict:
-    if env_id == "openenv-v1":  # it plays a server: arith-v1, served over OpenEnv
-        return {"base_url": request.getfixturevalue("openenv_url"), "tasks": 4}
-    if env_id == "math-v1":
-        path = tmp_path / "m.jsonl"
-        path.write_text(
-            "".join(f'{{"problem": "{i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(6))
-        )
-        return {"path": str(path), "test_fraction": 0.0}
-    if env_id in ("crm-v1", "web-crm-v1"):
-        return {"db_size": "small", "n_databases": 1}
-    if env_id == "verifiers-v1":  # a single-turn module written on verifiers' classes
-        pytest.importorskip("verifiers", reason="the verifiers extra: make test-verifiers")
-        return {"module": str(Path(__file__).parent / "verifiers_envs" / "vf_math_single.py")}
-    return {}
-
-
 @pytest.mark.parametrize("env_id", list_envs())
 @pytest.mark.slow
-def test_every_builtin_passes(env_id, tmp_path, fake_reasoning_gym, request):
-    report = check_env(env_id, **builtin_kwargs(env_id, tmp_path, request))
+def test_every_builtin_passes(env_id, builtin_kwargs, fake_reasoning_gym):
+    report = check_env(env_id, **builtin_kwargs(env_id))
     assert report.ok, str(report)
     assert [r.name for r in report.results] == [
         "construct",

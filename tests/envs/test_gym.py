@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import types
 import warnings
-from pathlib import Path
 
 import gymnasium
 import pytest
@@ -15,30 +13,6 @@ from gymnasium.utils.env_checker import check_env
 from rldojo.envs.base import EpisodeDone
 from rldojo.envs.gym import CHARSET, register_gymnasium, render_messages, to_gymnasium
 from rldojo.envs.registry import list_envs
-
-
-@pytest.fixture(scope="module")
-def math_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("math") / "problems.jsonl"
-    rows = [
-        json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)})
-        for i in range(6)
-    ]
-    path.write_text("\n".join(rows) + "\n")
-    return path
-
-
-def builtin_kwargs(env_id: str, math_file, request=None) -> dict:
-    if env_id == "openenv-v1":  # it plays a server: arith-v1, served over OpenEnv
-        return {"base_url": request.getfixturevalue("openenv_url")}
-    if env_id == "math-v1":
-        return {"path": str(math_file), "test_fraction": 0.0}
-    if env_id in ("crm-v1", "web-crm-v1"):
-        return {"db_size": "small", "n_databases": 1}
-    if env_id == "verifiers-v1":  # a single-turn module written on verifiers' classes
-        pytest.importorskip("verifiers", reason="the verifiers extra: make test-verifiers")
-        return {"module": str(Path(__file__).parent / "verifiers_envs" / "vf_math_single.py")}
-    return {}
 
 
 @pytest.fixture
@@ -65,9 +39,9 @@ def reasoning_gym_or_stand_in(monkeypatch):
 @pytest.mark.slow  # code envs grade in the sandbox
 @pytest.mark.parametrize("env_id", list_envs())
 def test_gymnasium_check_env_passes_for_every_builtin(
-    env_id, math_file, reasoning_gym_or_stand_in, request
+    env_id, builtin_kwargs, reasoning_gym_or_stand_in
 ):
-    env = to_gymnasium(env_id, n_tasks=8, **builtin_kwargs(env_id, math_file, request))
+    env = to_gymnasium(env_id, n_tasks=8, **builtin_kwargs(env_id))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*alternative render modes.*")
         check_env(env)

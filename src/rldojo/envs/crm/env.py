@@ -31,7 +31,7 @@ from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
 from rldojo.envs.tools import Tool
 from rldojo.types import Task
 
-__all__ = ["ENV_ID", "CrmEnv", "CrmKwargs", "CrmRewardKwargs"]
+__all__ = ["ENV_ID", "CrmDatabaseKwargs", "CrmEnv", "CrmKwargs", "CrmRewardKwargs"]
 
 ENV_ID = "crm-v1"
 
@@ -67,21 +67,26 @@ class CrmRewardKwargs(EnvKwargs):
     turn's tokens (`rldojo.envs.crm.credit`); 0: the outcome alone."""
 
 
-class CrmKwargs(ToolEnvKwargs):
-    """The kwargs of crm-v1 (`[env] kwargs`); the tool-use ones are `ToolEnvKwargs`'."""
+class CrmDatabaseKwargs(ToolEnvKwargs):
+    """The kwargs of the CRM twins' databases and reward (crm-v1, web-crm-v1)."""
 
-    levels: Sequence[int] = (1, 2, 3, 4)
-    """Difficulty levels to draw tasks from, a non-empty subset of 1 (lookup), 2 (one
-    update), 3 (several steps), 4 (conditional updates)."""
     db_size: Literal["small", "default", "large"] = "default"
     """Accounts per database: 20, 60 or 400 (contacts, deals, tickets scale with it)."""
     n_databases: int = Field(4, gt=0)
     """Distinct start databases per split; task i uses database i % n_databases (fewer
     databases, more reuse of cached snapshots)."""
-    sql: bool = True
-    """Also offer the read-only ``sql`` tool."""
     reward: CrmRewardKwargs | None = None
     """Weights and penalties of the reward (a table); None: the defaults."""
+
+
+class CrmKwargs(CrmDatabaseKwargs):
+    """The kwargs of crm-v1 (`[env] kwargs`); the tool-use ones are `ToolEnvKwargs`'."""
+
+    levels: Sequence[int] = (1, 2, 3, 4)
+    """Difficulty levels to draw tasks from, a non-empty subset of 1 (lookup), 2 (one
+    update), 3 (several steps), 4 (conditional updates)."""
+    sql: bool = True
+    """Also offer the read-only ``sql`` tool."""
     limits: LimitsKwargs | None = None
     """Per-episode limits (a table); None: max_turns = 10 and the other defaults."""
 

@@ -38,8 +38,6 @@ from rldojo.envs.web_crm.pages import esc
 __all__ = ["router"]
 
 router = APIRouter()
-_REFUSED = 422
-"""Status of a form sent back with an alert (the page still renders)."""
 
 
 # ------------------------------------------------------------------ edit a deal
@@ -52,7 +50,7 @@ def _deal_form(ep: Episode, d: Row, values: dict[str, str], error: str | None = 
         text("close_date", "Close date", values["close_date"], DATE),
     ]
     body = form(f"/deals/{d['id']}/edit", parts, "Save deal", error) + cancel(f"/deals/{d['id']}")
-    return ep.page(f"Edit deal {d['id']}: {d['name']}", body, _REFUSED if error else 200)
+    return ep.form_page(f"Edit deal {d['id']}: {d['name']}", body, error)
 
 
 def _deal_changes(d: Row, values: dict[str, str]) -> dict[str, str | int]:
@@ -105,7 +103,7 @@ def _new_deal_form(
     ]
     action = f"/accounts/{acc['id']}/deals/new"
     body = form(action, parts, "Create deal", error) + cancel(f"/accounts/{acc['id']}")
-    return ep.page(f"New deal for {acc['name']} ({acc['id']})", body, _REFUSED if error else 200)
+    return ep.form_page(f"New deal for {acc['name']} ({acc['id']})", body, error)
 
 
 @router.get("/accounts/{acc_id}/deals/new")
@@ -154,7 +152,7 @@ def _ticket_form(
     ]
     action = f"/accounts/{acc['id']}/tickets/new"
     body = form(action, parts, "Create ticket", error) + cancel(f"/accounts/{acc['id']}")
-    return ep.page(f"New ticket for {acc['name']} ({acc['id']})", body, _REFUSED if error else 200)
+    return ep.form_page(f"New ticket for {acc['name']} ({acc['id']})", body, error)
 
 
 @router.get("/accounts/{acc_id}/tickets/new")
@@ -195,7 +193,7 @@ def _close_form(ep: Episode, t: Row, resolution: str, error: str | None = None) 
     parts = [area("resolution", "Resolution", resolution)]
     body = form(f"/tickets/{t['id']}/close", parts, "Close ticket", error)
     body += cancel(f"/tickets/{t['id']}")
-    return ep.page(f"Close ticket {t['id']}: {t['subject']}", body, _REFUSED if error else 200)
+    return ep.form_page(f"Close ticket {t['id']}: {t['subject']}", body, error)
 
 
 @router.get("/tickets/{tck_id}/close")

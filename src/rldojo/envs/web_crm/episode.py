@@ -56,6 +56,11 @@ class Episode:
         flash, self.flash = self.flash, None
         return HTMLResponse(layout(title, body, flash), status_code=status)
 
+    def form_page(self, title: str, body: str, error: str | None) -> HTMLResponse:
+        """A form's page: 422 when it comes back with the alert `error` (the page still
+        renders, values kept), else 200."""
+        return self.page(title, body, 422 if error else 200)
+
     def redirect(self, url: str, message: str) -> RedirectResponse:
         """303 See Other to `url`, whose page will show `message`."""
         self.flash = message

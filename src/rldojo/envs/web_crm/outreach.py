@@ -33,8 +33,6 @@ from rldojo.envs.web_crm.pages import esc
 __all__ = ["router"]
 
 router = APIRouter()
-_REFUSED = 422
-"""Status of a form sent back with an alert (the page still renders)."""
 
 
 # ------------------------------------------------------------------ log an activity
@@ -54,7 +52,7 @@ def _activity_form(
     action = f"/accounts/{acc['id']}/activities/new"
     body = form(action, parts, "Log activity", error) + cancel(f"/accounts/{acc['id']}")
     title = f"Log activity for {acc['name']} ({acc['id']})"
-    return ep.page(title, body, _REFUSED if error else 200)
+    return ep.form_page(title, body, error)
 
 
 @router.get("/accounts/{acc_id}/activities/new")
@@ -108,7 +106,7 @@ def _email_form(ep: Episode, c: Row, values: dict[str, str], error: str | None =
     to += " (opted out of email)</p>" if c["do_not_email"] else "</p>"
     body = to + form(f"/contacts/{c['id']}/email", parts, "Send email", error)
     body += cancel(f"/contacts/{c['id']}")
-    return ep.page(f"Email contact {c['id']}", body, _REFUSED if error else 200)
+    return ep.form_page(f"Email contact {c['id']}", body, error)
 
 
 @router.get("/contacts/{con_id}/email")
