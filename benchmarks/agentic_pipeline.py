@@ -63,10 +63,11 @@ CONFIGS = {
     "arith-tools-v1": ROOT / "examples" / "agentic_arith_tools.toml",
     "crm-v1": ROOT / "examples" / "agentic_crm.toml",
     "tictactoe-v1": ROOT / "examples" / "agentic_tictactoe.toml",
+    "web-crm-v1": ROOT / "examples" / "agentic_web_crm.toml",
 }
 # The task `info` key whose values split each environment's held-out tasks into kinds.
 GROUP_BY = {"arith-tools-v1": "level", "crm-v1": "template", "tictactoe-v1": "mark",
-            "reasoning-gym-v1": "dataset"}  # fmt: skip
+            "reasoning-gym-v1": "dataset", "web-crm-v1": "level"}  # fmt: skip
 
 
 def run_pipeline(

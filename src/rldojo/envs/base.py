@@ -24,7 +24,12 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Env(Protocol):
-    """An environment: tasks, episode state, and the grader of its rollouts."""
+    """An environment: tasks, episode state, and the grader of its rollouts.
+
+    Optional: an environment whose episodes share a bounded resource in a process (e.g.
+    web-crm-v1's browser contexts) sets `max_episodes_at_once` (an int) and
+    `max_episodes_at_once_key` (the kwarg that sets it); a run whose batch is larger is
+    refused before it starts, since the rollout engine opens a whole batch at once."""
 
     env_id: str
 

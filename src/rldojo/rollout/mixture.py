@@ -32,6 +32,8 @@ class EnvSlot:
     order: list[int] = field(default_factory=list)
     cursor: int = 0
     epoch: int = 0
+    max_at_once: tuple[int, str] | None = None
+    """The environment's `max_episodes_at_once` and the kwarg that sets it (None: no limit)."""
 
     def make(self) -> Env:
         return make_env(self.env_id, **self.kwargs)
@@ -86,6 +88,9 @@ class EnvMixture:
                 _tag(env.tasks("test", seed=seed, n=n_test), env_id)[:n_test] if test_n else [],
             )
             slot.order = self._order(slot)
+            limit = getattr(env, "max_episodes_at_once", None)
+            if limit is not None:
+                slot.max_at_once = (int(limit), str(getattr(env, "max_episodes_at_once_key", "")))
             self.slots[env_id] = slot
 
     def _order(self, slot: EnvSlot) -> list[int]:

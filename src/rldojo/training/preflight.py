@@ -119,7 +119,33 @@ def build_mixture(config: TrainConfig) -> Any:
     )
     if grader is not None:
         check_task_templates(grader.spec, mixture)
+    check_episodes_at_once(config, mixture)
     return mixture
+
+
+def check_episodes_at_once(config: TrainConfig, mixture: Any) -> None:
+    """`EnvKwargsError` if a batch opens more episodes of an environment at once than it
+    holds (`max_episodes_at_once`, e.g. web-crm-v1's browser contexts): the rollout
+    engine starts every episode of a batch before its first turn, so the rest would wait
+    for a slot until they time out."""
+    import math
+
+    from rldojo.envs.kwargs import EnvKwargsError
+
+    ro = config.rollout
+    train = math.ceil(ro.prompts_per_step * ro.oversample) * ro.group_size
+    for slot in mixture.slots.values():
+        if slot.max_at_once is None:
+            continue
+        limit, key = slot.max_at_once
+        for what, n in (("eval.tasks", len(slot.test_tasks)),
+                        ("rollout.prompts_per_step x group_size", train)):  # fmt: skip
+            if n > limit:
+                raise EnvKwargsError(
+                    f"env.kwargs.{key}: {slot.env_id} holds {limit} episodes at once, but "
+                    f"{what} starts {n} together (before the first turn); lower that or "
+                    f"raise env.kwargs.{key}"
+                )
 
 
 TEMPLATE_CHECK_TASKS = 32

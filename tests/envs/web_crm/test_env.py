@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 
 import pytest
 
@@ -124,3 +125,61 @@ def test_a_killed_browser_is_env_error_and_the_next_episode_runs():
     assert "BrowserCrashed" in first.rollout.error
     assert second.rollout.status == "ok" and second.score.value == 1.0
     assert shared_pool().browser_pid not in (None, killed[0])
+
+
+def test_a_hung_browser_is_timeout_and_the_next_episode_runs(monkeypatch):
+    from rldojo.envs.web_crm import env as env_module
+    from rldojo.envs.web_crm.browser import BrowserPool
+
+    pool = BrowserPool(max_contexts=2, action_timeout_s=2)  # the shared pool waits 15 s
+    monkeypatch.setattr(env_module, "_POOL", pool)
+    env = make_env("web-crm-v1", levels=[1], db_size="small")
+    task = env.tasks("train", n=1)[0]
+    expert = make_expert()
+    frozen = []
+
+    def freeze_then_act(messages, task):
+        if not frozen:  # the browser stops answering while the policy thinks
+            frozen.append(pool.browser_pid)
+            os.kill(frozen[0], signal.SIGSTOP)
+        return expert.act(messages, task)
+
+    async def run():
+        first = await play_episode(env, freeze_then_act, task, seed=0, timeout_s=60)
+        await env.close()
+        fresh = make_env("web-crm-v1", levels=[1], db_size="small")
+        second = await play_episode(fresh, expert.act, task, seed=0, timeout_s=60)
+        await fresh.close()
+        return first, second
+
+    try:
+        first, second = asyncio.run(run())
+    finally:
+        pool.close()
+        for pid in frozen:  # the pool kills a frozen browser; this is in case it did not
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert first.rollout.status == "timeout", (first.rollout.status, first.rollout.error)
+    assert "the browser did not answer" in first.rollout.error
+    assert first.score is None or first.score.status != "ok"
+    assert second.rollout.status == "ok" and second.score.value == 1.0
+    assert pool.browser_pid != frozen[0]
+
+
+def test_without_playwright_or_chromium_the_env_says_so_in_one_line(monkeypatch):
+    from rldojo.envs.web_crm import env as env_module
+
+    monkeypatch.setitem(sys.modules, "playwright", None)  # how Python blocks an import
+    line = "env.kwargs: web-crm-v1: Playwright is not installed: pip install 'rldojo[web]'"
+    with pytest.raises(ValueError) as refused:
+        make_env("web-crm-v1")
+    assert str(refused.value) == line
+    monkeypatch.undo()
+    monkeypatch.setattr(env_module.shutil, "which", lambda name: None)
+    with pytest.raises(ValueError) as refused:
+        make_env("web-crm-v1")
+    assert str(refused.value) == (
+        "env.kwargs: web-crm-v1: no Chromium found: apt-get install chromium (Debian)"
+    )

@@ -127,6 +127,17 @@ class BrowserPool:
         """`open`, blocking (not from inside the browser's own thread)."""
         return self._thread.run_sync(self._open(origin, cookies, start_path))
 
+    def allow(self, max_contexts: int) -> None:
+        """Raise the limit on contexts open at once to `max_contexts` (never lowers it)."""
+        extra = max_contexts - self.max_contexts
+        if extra <= 0:
+            return
+        self.max_contexts = max_contexts
+        slots = self._slots
+        if slots is not None:  # the semaphore lives on the pool's loop
+            for _ in range(extra):
+                self._thread.loop.call_soon_threadsafe(slots.release)
+
     def close(self) -> None:
         """Close the browser and stop the pool's thread (idempotent)."""
         if self._closed:

@@ -27,16 +27,15 @@ import shutil
 import threading
 import weakref
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from rldojo.envs.crm.data import DB_SIZES, base_snapshot, connect, diff, state_digest
-from rldojo.envs.crm.env import CrmRewardKwargs
+from rldojo.envs.crm.env import CrmDatabaseKwargs
 from rldojo.envs.crm.grader import CrmGrader, CrmReward
 from rldojo.envs.crm.tasks import scenario_tasks
-from rldojo.envs.kwargs import LimitsKwargs, ToolEnvKwargs
+from rldojo.envs.kwargs import LimitsKwargs
 from rldojo.envs.multiturn import EpisodeLimits, ToolEnv, TurnOutcome
 from rldojo.envs.registry import register
 from rldojo.envs.tool_calls import parse_turn
@@ -63,35 +62,38 @@ INSTRUCTIONS = (
 )
 
 
+DEFAULT_CONTEXTS = 64
+"""Browser contexts (episodes) a process holds at once unless `browser_contexts` says."""
 _POOL: BrowserPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def shared_pool() -> BrowserPool:
-    """The process's Chromium pool (one browser, a context per episode), made on first use."""
+def shared_pool(max_contexts: int = DEFAULT_CONTEXTS) -> BrowserPool:
+    """The process's Chromium pool (one browser, a context per episode), made on first use;
+    it holds at least `max_contexts` contexts at once (the largest any env asked for)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             from rldojo.envs.web_crm.browser import BrowserPool
 
-            _POOL = BrowserPool(max_contexts=16)
+            _POOL = BrowserPool(max_contexts=max_contexts)
+        _POOL.allow(max_contexts)
         return _POOL
 
 
-class WebCrmKwargs(ToolEnvKwargs):
+class WebCrmKwargs(CrmDatabaseKwargs):
     """The kwargs of web-crm-v1 (`[env] kwargs`); the tool-use ones are `ToolEnvKwargs`'."""
 
     levels: Sequence[int] = LEVELS
     """Horizon levels to draw tasks from, a non-empty subset of 1 (a lookup), 2 (an edit
     form), 3 (create forms with a validation error to fix), 4 (several records)."""
-    db_size: Literal["small", "default", "large"] = "default"
-    """Accounts per database: 20, 60 or 400 (list pages have 10 rows each)."""
-    n_databases: int = Field(4, gt=0)
-    """Distinct start databases per split; task i uses database i % n_databases."""
-    reward: CrmRewardKwargs | None = None
-    """Weights and penalties of the reward (crm-v1's table); None: the defaults."""
     limits: LimitsKwargs | None = None
     """Per-episode limits (a table); None: max_turns = 24 and the other defaults."""
+    browser_contexts: int = Field(DEFAULT_CONTEXTS, gt=0)
+    """Episodes this process holds open at once, one Chromium context each (~70 MiB).
+    The rollout engine opens a whole batch before its first turn, so a run's
+    `eval.tasks` and `rollout.prompts_per_step` x `group_size` must fit (checked before
+    the run starts)."""
 
 
 class WebCrmEnv(ToolEnv):
@@ -100,6 +102,7 @@ class WebCrmEnv(ToolEnv):
     env_id = ENV_ID
     instructions = INSTRUCTIONS
     Kwargs = WebCrmKwargs
+    max_episodes_at_once_key = "browser_contexts"
 
     def __init__(
         self,
@@ -109,6 +112,7 @@ class WebCrmEnv(ToolEnv):
         n_databases: int = 4,
         reward: CrmReward | dict[str, Any] | None = None,
         limits: EpisodeLimits | dict[str, Any] | None = None,
+        browser_contexts: int = DEFAULT_CONTEXTS,
         **tool_env_kwargs: Any,
     ) -> None:
         levels = tuple(int(x) for x in levels)
@@ -125,9 +129,11 @@ class WebCrmEnv(ToolEnv):
             db_size=db_size,
             n_databases=n_databases,
             reward=reward,
+            browser_contexts=browser_contexts,
             **tool_env_kwargs,
         )
         self.levels, self.db_size, self.n_databases = levels, db_size, n_databases
+        self.max_episodes_at_once = browser_contexts
         self.reward = reward or CrmReward()
         self.conn = connect()
         self.conn.deserialize(base_snapshot(0, db_size))
@@ -167,7 +173,8 @@ class WebCrmEnv(ToolEnv):
             self._server = shared_server().open_session(self.conn)
         if self._browser is None:
             cookie = self._server.cookie
-            self._browser = await shared_pool().open(self._server.origin, cookies=[cookie])
+            pool = shared_pool(self.max_episodes_at_once)
+            self._browser = await pool.open(self._server.origin, cookies=[cookie])
             self._finalizer = weakref.finalize(self, _release_dropped, self._browser)
             self._reload = self._path != "/"
         if self._reload:
@@ -312,9 +319,9 @@ class WebCrmEnv(ToolEnv):
 def _check_browser() -> None:
     """Playwright and a Chromium must be there before any episode (one line if not)."""
     if importlib.util.find_spec("playwright") is None:
-        raise ValueError(f"{ENV_ID} needs Playwright: pip install 'rldojo[web]'")
-    if shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
-        raise ValueError(f"{ENV_ID} needs a Chromium: apt-get install chromium (Debian)")
+        raise ValueError("Playwright is not installed: pip install 'rldojo[web]'")
+    if shutil.which("chromium") is None and shutil.which("/usr/bin/chromium") is None:
+        raise ValueError("no Chromium found: apt-get install chromium (Debian)")
 
 
 class _NoLock:
