@@ -44,7 +44,7 @@ lint: $(STAMP)
 
 # pytest exits 5 when it collects no tests; report that plainly instead of a make error.
 test: $(STAMP) sandbox-deps lint
-	$(VENV)/bin/pytest -q; rc=$$?; \
+	$(VENV)/bin/pytest -q --durations=20; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 # The unit tests alone: no model, process, server or browser (what `slow` marks; see
