@@ -36,7 +36,7 @@ from typing import Any, Literal
 from rldojo.envs.base import Env
 from rldojo.graders.base import Grader, passed
 from rldojo.graders.judges.client import JudgeRequest, OpenAIJudge
-from rldojo.rollout.episodes import grade_rollouts
+from rldojo.rollout.episodes import bounded, grade_rollouts
 from rldojo.types import Message, Rollout, Score, Task
 
 __all__ = [
@@ -62,13 +62,6 @@ class Episode:
     score: Score
     tools: list[dict[str, Any]] | None = None
     turns: int = 0
-
-
-async def _bounded(coro: Awaitable[Any], timeout_s: float, what: str) -> Any:
-    try:
-        return await asyncio.wait_for(coro, timeout_s)
-    except TimeoutError:
-        raise TimeoutError(f"{what} took longer than {timeout_s:g}s") from None
 
 
 async def _act(actor: Actor, messages: list[Message], task: Task) -> str:
@@ -99,7 +92,7 @@ async def play_episode(
     info: dict[str, Any] = {}
     status, error, last, turns, tools = "ok", "", "", 0, None
     try:
-        obs = await _bounded(env.reset(task, seed=seed), timeout_s, "env.reset")
+        obs = await bounded(env.reset(task, seed=seed), timeout_s, "env.reset")
         messages, tools = [dict(m) for m in obs.messages], obs.info.get("tools") or None
         while True:
             try:
@@ -109,7 +102,7 @@ async def play_episode(
                 break
             messages.append({"role": "assistant", "content": last})
             turns += 1
-            result = await _bounded(env.step(last), timeout_s, "env.step")
+            result = await bounded(env.step(last), timeout_s, "env.step")
             for key, value in result.info.items():
                 info[key] = value
             if result.done or turns >= max_turns:

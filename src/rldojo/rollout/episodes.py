@@ -52,15 +52,26 @@ class _Episode:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+async def bounded(coro: Awaitable[T], timeout_s: float, what: str) -> T:
+    """`coro`'s result; past `timeout_s`, TimeoutError("{what} took longer than ...").
+    A TimeoutError the call raises itself (web-crm-v1's browser that stopped answering)
+    keeps its own message."""
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            return await coro
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise TimeoutError(f"{what} took longer than {timeout_s:g}s") from None
+
+
 async def _with_timeout(
     coro: Awaitable[T], timeout_s: float, what: str, env: Env | None = None
 ) -> T:
     if getattr(env, "enforces_timeouts", False):  # e.g. a RemoteEnv: bounded calls already
         return await coro
-    try:
-        return await asyncio.wait_for(coro, timeout_s)
-    except TimeoutError:
-        raise TimeoutError(f"{what} took longer than {timeout_s:.0f}s") from None
+    return await bounded(coro, timeout_s, what)
 
 
 def _per_task(make_env: EnvFactory) -> Callable[[Task], Env]:

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 
 import pytest
@@ -245,6 +246,55 @@ def test_sessions_work_from_several_event_loops(pool, site):
 
     assert asyncio.run(follow()).startswith("Page: /traps")  # another loop
     asyncio.run(session.close())
+
+
+def test_a_full_pool_waits_and_allow_makes_room(site):
+    pool = BrowserPool(max_contexts=1, action_timeout_s=WAIT_S, executable=CHROMIUM)
+    got: list[BrowserSession] = []
+    try:
+        first = opened(pool, site)
+        waiter = threading.Thread(target=lambda: got.append(opened(pool, site)), daemon=True)
+        waiter.start()  # it waits: the one slot is taken, and nothing frees it
+        pool.allow(2)
+        pool.allow(1)  # never lowers it
+        assert pool.max_contexts == 2
+        waiter.join(timeout=WAIT_S)
+        assert got, "the second open still waits after allow(2)"
+        assert got[0].observe_sync().startswith("Page: / — Deals")
+        got[0].close_sync()
+        first.close_sync()
+    finally:
+        pool.close()
+
+
+def test_opens_asked_for_together_run_one_at_a_time(site):
+    """Opens asked for together queue in the pool, not inside Chromium, so each open's
+    timeout measures its own work (48 at once used to time out and kill the browser)."""
+    pool = BrowserPool(max_contexts=12, action_timeout_s=WAIT_S, executable=CHROMIUM)
+    inner, active, most = pool._new_session, [0], [0]
+
+    async def counted(*args, **kwargs):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        try:
+            return await inner(*args, **kwargs)
+        finally:
+            active[0] -= 1
+
+    pool._new_session = counted  # type: ignore[method-assign]
+    cookie = {"name": "rldojo_episode", "value": "ep-7"}
+
+    async def open_all() -> list[BrowserSession]:
+        return await asyncio.gather(*(pool.open(site.origin, cookies=[cookie]) for _ in range(12)))
+
+    try:
+        sessions = asyncio.run(open_all())
+        assert most[0] == 1
+        assert all(s.observe_sync().startswith("Page: / — Deals") for s in sessions)
+        for s in sessions:
+            s.close_sync()
+    finally:
+        pool.close()
 
 
 def test_a_killed_browser_is_crashed_and_the_next_open_relaunches(site):
