@@ -5,6 +5,7 @@ the network. Exit codes: 2 bad input or usage, 1 the work failed, 130 interrupte
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -278,6 +279,23 @@ def test_main_maps_a_run_stop_or_user_error_to_its_exit_code_and_one_line(
     assert info.value.code == code
     captured = capsys.readouterr()
     assert captured.out == "" and _lines(captured.err) == [f"error: {stop}"]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium (make test)")
+def test_a_batch_larger_than_the_env_holds_at_once_is_one_line(tmp_path, no_model_load):
+    """web-crm-v1 holds `browser_contexts` episodes at once; the engine opens a whole
+    batch before its first turn, so 20 eval tasks on 16 contexts would time out."""
+    out = f"run.output_dir={tmp_path / 'runs'}"
+    web = 'env.kwargs={db_size="small", browser_contexts=16}'
+    result = runner.invoke(app, ["train", *TINY, "--set", "env.id=web-crm-v1", "--set", web,
+                                 "--set", "eval.tasks=20", "--set", out])  # fmt: skip
+    _one_line_error(result, "env.kwargs.browser_contexts: web-crm-v1 holds 16 episodes at once",
+                    "eval.tasks starts 20 together")  # fmt: skip
+    group = ["--set", "rollout.prompts_per_step=3", "--set", "rollout.group_size=8"]
+    result = runner.invoke(app, ["train", *TINY, "--set", "env.id=web-crm-v1", "--set", web,
+                                 *group, "--set", out])  # fmt: skip
+    _one_line_error(result, "rollout.prompts_per_step x group_size starts 24 together")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_missing_data_file_is_one_line_naming_it(tmp_path, no_model_load):
