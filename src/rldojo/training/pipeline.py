@@ -104,11 +104,20 @@ def run_pipeline(
         console.print(f"pipeline: {stage} ...", soft_wrap=True)
         started = time.perf_counter()
         record = stages[stage]()
-        gc.collect()  # the stage's model, before the next stage loads one
+        _free_the_stage()
         _mark(pipe, state, stage, {**record, "wall_s": time.perf_counter() - started})
     summary = summarize(pipe, cfg, group_by)
     write_atomically(pipe / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _free_the_stage() -> None:
+    """The stage's model, before the next stage loads one, and the heap it freed (glibc
+    keeps it: after SFT on 2,000-token web-crm-v1 episodes the process held 18.5 GiB)."""
+    from rldojo.training.update import release_freed_memory
+
+    gc.collect()
+    release_freed_memory()
 
 
 def default_pipeline_dir(config: TrainConfig) -> Path:
