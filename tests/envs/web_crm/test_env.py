@@ -3,8 +3,8 @@
 The expert plays one task of every template through the browser and reaches reward 1;
 an agent's mistakes (a malformed call, an unknown ref, a navigation out of the app, an
 unknown tool) are tool errors the episode survives; a killed browser is the rollout's
-`env_error` and the next episode runs on a new browser. (`check_env` runs on it with
-every built-in env, in tests/envs/test_check_env.py.)
+`env_error`, a frozen one its `timeout`, and the next episode runs on a new browser.
+(`check_env` runs on it with every built-in env, in tests/envs/test_check_env.py.)
 """
 
 from __future__ import annotations
@@ -100,27 +100,33 @@ def test_mistakes_are_tool_errors_the_episode_survives():
     assert info["web/refused"].get("host") == 1 and info["web/refusals"] == 2
 
 
-def test_a_killed_browser_is_env_error_and_the_next_episode_runs():
+def _signal_the_browser_then_play_again(sig: int, pool, signalled: list[int]):
+    """One episode whose browser gets `sig` while the policy thinks about its first turn,
+    then one on a fresh env; the pid signalled goes into `signalled`."""
     env = make_env("web-crm-v1", levels=[1], db_size="small")
     task = env.tasks("train", n=1)[0]
     expert = make_expert()
-    killed = []
 
-    def kill_then_act(messages, task):
-        if not killed:  # the browser dies while the policy thinks about its first turn
-            killed.append(shared_pool().browser_pid)
-            os.kill(killed[0], signal.SIGKILL)
+    def signal_then_act(messages, task):
+        if not signalled:
+            signalled.append(pool().browser_pid)
+            os.kill(signalled[0], sig)
         return expert.act(messages, task)
 
     async def run():
-        first = await play_episode(env, kill_then_act, task, seed=0, timeout_s=60)
+        first = await play_episode(env, signal_then_act, task, seed=0, timeout_s=60)
         await env.close()
         fresh = make_env("web-crm-v1", levels=[1], db_size="small")
         second = await play_episode(fresh, expert.act, task, seed=0, timeout_s=60)
         await fresh.close()
         return first, second
 
-    first, second = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_killed_browser_is_env_error_and_the_next_episode_runs():
+    killed: list[int] = []
+    first, second = _signal_the_browser_then_play_again(signal.SIGKILL, shared_pool, killed)
     assert first.rollout.status == "env_error", first.rollout.status
     assert "BrowserCrashed" in first.rollout.error
     assert second.rollout.status == "ok" and second.score.value == 1.0
@@ -133,27 +139,9 @@ def test_a_hung_browser_is_timeout_and_the_next_episode_runs(monkeypatch):
 
     pool = BrowserPool(max_contexts=2, action_timeout_s=2)  # the shared pool waits 15 s
     monkeypatch.setattr(env_module, "_POOL", pool)
-    env = make_env("web-crm-v1", levels=[1], db_size="small")
-    task = env.tasks("train", n=1)[0]
-    expert = make_expert()
-    frozen = []
-
-    def freeze_then_act(messages, task):
-        if not frozen:  # the browser stops answering while the policy thinks
-            frozen.append(pool.browser_pid)
-            os.kill(frozen[0], signal.SIGSTOP)
-        return expert.act(messages, task)
-
-    async def run():
-        first = await play_episode(env, freeze_then_act, task, seed=0, timeout_s=60)
-        await env.close()
-        fresh = make_env("web-crm-v1", levels=[1], db_size="small")
-        second = await play_episode(fresh, expert.act, task, seed=0, timeout_s=60)
-        await fresh.close()
-        return first, second
-
+    frozen: list[int] = []
     try:
-        first, second = asyncio.run(run())
+        first, second = _signal_the_browser_then_play_again(signal.SIGSTOP, lambda: pool, frozen)
     finally:
         pool.close()
         for pid in frozen:  # the pool kills a frozen browser; this is in case it did not
