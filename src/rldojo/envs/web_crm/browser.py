@@ -80,7 +80,7 @@ class _LoopThread:
 
 class BrowserPool:
     """One Chromium process, launched on the first `open`, and at most `max_contexts`
-    episodes' contexts at once (`open` waits for a free slot).
+    episodes' contexts at once (`open` waits for a free slot), opened one at a time.
 
     `action_timeout_s` bounds each action and observation, `executable` is the Chromium
     binary (default: `chromium` on the PATH), `args` its extra switches (`--no-sandbox`
@@ -102,9 +102,10 @@ class BrowserPool:
         self.max_lines = max_lines
         self._thread = _LoopThread()
         self._slots: asyncio.Semaphore | None = None
-        # Contexts open one at a time: 8 opened together took 7.1 s, one after another
-        # 2.5 s (2 cores), and each open's timeout then measures its own work, not a
-        # queue inside Chromium (48 at once timed out, and the pool killed the browser).
+        # Contexts open one at a time: 8 episodes' opens asked for together took 7.1 s
+        # when they ran together, 3.4 s one by one (2 cores), and each open's timeout
+        # then measures its own work, not a queue inside Chromium (48 at once timed
+        # out, and the pool killed the browser under the others).
         self._opening = asyncio.Lock()
         self._playwright: Any = None
         self._browser: Any = None
