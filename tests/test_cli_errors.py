@@ -252,6 +252,36 @@ def test_a_missing_config_in_a_fresh_process_is_one_line_on_stderr_exit_2(tmp_pa
     assert _lines(done.stderr) == ["error: nonexistent.toml: file not found"]
 
 
+EARLY = """
+import json, sys
+from rldojo import cli
+out = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["rldojo", *argv]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        out.append([exc.code, "torch" in sys.modules, "transformers" in sys.modules])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter, so that no test has imported torch yet
+def test_config_mistakes_answer_before_torch_is_imported(tmp_path):
+    """A typo in an env id or its kwargs is found before the command imports torch and
+    transformers (~10 s on a loaded 2-core CPU), for train, sft and distill."""
+    typo = ["--set", "model.name=tiny-random", "--set", "env.kwargs={levle = 1}"]
+    argvs = [["train", *typo], ["train", "--set", "env.id=arith-v2"], ["sft", *typo],
+             ["distill", "--teacher", "tiny-random", *typo]]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", EARLY, json.dumps(argvs)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert json.loads(done.stdout) == [[2, False, False]] * len(argvs), done.stderr
+    errors = _lines(done.stderr)
+    assert len(errors) == len(argvs), done.stderr
+    assert all("did you mean 'levels'" in errors[i] for i in (0, 2, 3)), errors
+    assert "unknown environment 'arith-v2'" in errors[1]
+
+
 def test_usage_errors_exit_2_on_stderr():
     result = runner.invoke(app, ["train", "--no-such-flag"])
     assert result.exit_code == 2 and result.stdout == ""

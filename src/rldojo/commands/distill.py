@@ -78,10 +78,9 @@ def distill(
     """Distil a teacher into a student (forward or reverse KL, teacher or student sequences).
 
     Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted."""
-    from rldojo.commands.ui import console, fail, parse_env_kwargs, user_errors
+    from rldojo.commands.ui import check_envs_early, console, fail, parse_env_kwargs, user_errors
     from rldojo.config import ConfigError, load_config
     from rldojo.store.run_dir import RunDirError
-    from rldojo.training.distill import run_distill
     from rldojo.training.stops import RunStopped
 
     given = {k: v for k, v in locals().items() if k in _KEYS and v is not None}
@@ -99,6 +98,9 @@ def distill(
     errors: tuple[type[Exception], ...] = (*user_errors(), ValueError)  # the tokenizers differ
     try:
         cfg = load_config(config, [*overrides, *(set_ or [])])
+        check_envs_early(cfg)  # before torch is imported
+        from rldojo.training.distill import run_distill
+
         if out is None and cfg.run.name:
             out = Path(cfg.run.output_dir) / f"{cfg.run.name}-distill"
         summary = run_distill(cfg, run_dir=out, resume=resume is not None, overwrite=overwrite,

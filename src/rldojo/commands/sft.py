@@ -52,10 +52,9 @@ def sft(
     """Fine-tune on demonstrations: loss on assistant tokens only, the RL tokenisation.
 
     Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted."""
-    from rldojo.commands.ui import console, fail, relaunch_on_ranks, user_errors
+    from rldojo.commands.ui import check_envs_early, console, fail, relaunch_on_ranks, user_errors
     from rldojo.config import ConfigError, load_config
     from rldojo.store.run_dir import RunDirError
-    from rldojo.training.sft import run_sft
     from rldojo.training.stops import RunStopped
 
     relaunch_on_ranks(nproc)
@@ -67,6 +66,9 @@ def sft(
             config, run_dir = config or resume / "config.toml", resume
             source = str(config)
         cfg = load_config(config, set_ or [])
+        check_envs_early(cfg)  # before torch is imported
+        from rldojo.training.sft import run_sft
+
         if run_dir is None and cfg.run.name:
             run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-sft"
         summary = run_sft(cfg, data, run_dir=run_dir, resume=resume is not None,

@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 
-from rldojo.commands.ui import console, fail, relaunch_on_ranks, user_errors
+from rldojo.commands.ui import (
+    check_envs_early,
+    console,
+    fail,
+    relaunch_on_ranks,
+    user_errors,
+)
 from rldojo.config import ConfigError, TrainConfig, load_config
 
 
@@ -57,7 +63,6 @@ def train(
     Exit codes: 0 done, 2 bad input (nothing started), 1 the run failed (e.g. the failure
     budget), 130 interrupted (resume with --resume RUN_DIR)."""
     from rldojo.store.run_dir import RunDirError
-    from rldojo.training.loop import run_training
     from rldojo.training.stops import RunStopped
 
     if allow_download:
@@ -66,6 +71,9 @@ def train(
     source = str(config or (resume / "config.toml" if resume is not None else "defaults"))
     try:
         cfg = _load(config, set_ or [], resume)
+        check_envs_early(cfg)  # a typo answers before torch is imported (seconds)
+        from rldojo.training.loop import run_training
+
         if dry_run:
             from rldojo.training.preflight import dry_run as describe
 

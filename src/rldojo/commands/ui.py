@@ -17,10 +17,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rldojo.config import ConfigError, ConfigValueError
+from rldojo.config import ConfigError, ConfigValueError, TrainConfig
 from rldojo.training.stops import EXIT_USAGE
 
-__all__ = ["console", "err_console", "fail", "parse_env_kwargs", "user_errors"]
+__all__ = [
+    "check_envs_early",
+    "console",
+    "err_console",
+    "fail",
+    "parse_env_kwargs",
+    "user_errors",
+]
 
 console = Console()
 err_console = Console(stderr=True)
@@ -65,6 +72,18 @@ def parse_env_kwargs(text: str) -> dict[str, Any]:
     return kwargs
 
 
+def check_envs_early(config: TrainConfig) -> None:
+    """Check every environment id and its kwargs of `config` (`env.id`, `env.mix`) against
+    the registry, before a command imports torch and the trainer: a typo is one line in
+    about a second, not after ten seconds of imports. Raises `UnknownEnvError` or
+    `EnvKwargsError`; the full checks (data files, graders, the model) still run later."""
+    from rldojo.envs.registry import check_kwargs, resolve_factory
+
+    entries = [(e.id, e.kwargs) for e in config.env.mix] or [(config.env.id, config.env.kwargs)]
+    for env_id, kwargs in entries:
+        check_kwargs(env_id, resolve_factory(env_id), dict(kwargs))
+
+
 def user_errors() -> tuple[type[Exception], ...]:
     """The exceptions that are the user's input: one line and exit code 2, never a
     traceback. A `ConfigError` names its config file; the others name a key, a data file,
@@ -73,7 +92,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from rldojo.data.loading import DataError
     from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
     from rldojo.graders.openai_templates import TemplateError
-    from rldojo.policy.models import ModelLoadError
+    from rldojo.policy.errors import ModelLoadError
 
     return (ConfigError, ConfigValueError, DataError, UnknownEnvError, EnvKwargsError,
             ModelLoadError, TemplateError, PortInUseError)  # fmt: skip

@@ -19,20 +19,57 @@ through the real openai client, on loopback, with no network.
 What is and is not supported of OpenAI's API: docs/interop.md.
 """
 
-from rldojo.inference.engine import TransformersEngine
-from rldojo.inference.logprobs import TokenLogprob
-from rldojo.inference.protocol import (
-    ChatChoice,
-    ChatEngine,
-    ChatRequest,
-    ChatResult,
-    ChatStream,
-    CompletionRequest,
-    CompletionResult,
-    RequestError,
-)
-from rldojo.inference.scripted import ScriptedEngine, bag_of_letters
-from rldojo.inference.server import ServerHandle, make_engine, serve_forever, start_server
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time imported on first use
+    from rldojo.inference.engine import TransformersEngine
+    from rldojo.inference.logprobs import TokenLogprob
+    from rldojo.inference.protocol import (
+        ChatChoice,
+        ChatEngine,
+        ChatRequest,
+        ChatResult,
+        ChatStream,
+        CompletionRequest,
+        CompletionResult,
+        RequestError,
+    )
+    from rldojo.inference.scripted import ScriptedEngine, bag_of_letters
+    from rldojo.inference.server import ServerHandle, make_engine, serve_forever, start_server
+
+_LAZY = {
+    "TransformersEngine": "engine",
+    "TokenLogprob": "logprobs",
+    "ChatChoice": "protocol",
+    "ChatEngine": "protocol",
+    "ChatRequest": "protocol",
+    "ChatResult": "protocol",
+    "ChatStream": "protocol",
+    "CompletionRequest": "protocol",
+    "CompletionResult": "protocol",
+    "RequestError": "protocol",
+    "ScriptedEngine": "scripted",
+    "bag_of_letters": "scripted",
+    "ServerHandle": "server",
+    "make_engine": "server",
+    "serve_forever": "server",
+    "start_server": "server",
+}
+"""Names imported on first use, and their module: importing a submodule (the environments
+import `tool_calls`) must not import torch, the engine and the server with it."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rldojo.inference' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rldojo.inference.{module}"), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
 
 __all__ = [
     "ChatChoice",

@@ -27,6 +27,7 @@ import torch
 
 from rldojo.cache import cache_dir
 from rldojo.policy.attention import use_safe_sdpa
+from rldojo.policy.errors import ModelLoadError
 from rldojo.store.checkpoint import is_sharded_checkpoint
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -35,10 +36,6 @@ BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
 
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_EOS = "<|im_end|>"
-
-
-class ModelLoadError(RuntimeError):
-    """The model named in the config cannot be loaded; the message says why and what to do."""
 
 
 def smollm2_gguf_path() -> Path:
