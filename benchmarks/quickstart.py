@@ -87,6 +87,8 @@ def main() -> int:
         # (torchrun's parser would take a passed-on --nproc for its own --nproc-per-node)
         return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                                 str(args.nproc), __file__, *argv, "--label", label])  # fmt: skip
+    from rich.console import Console
+
     from rldojo.config import load_config
     from rldojo.training.loop import run_training
 
@@ -95,14 +97,17 @@ def main() -> int:
     output = tempfile.mkdtemp(prefix="quickstart_") if args.dry else "runs"
     config = load_config(None, [f"run.output_dir={output}", *overrides])
     run_dir = Path(config.run.output_dir) / f"quickstart-{label}"
-    summary = run_training(config, run_dir=run_dir, overwrite=True)
-    if int(os.environ.get("RANK", "0")) != 0:
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    console = Console() if rank0 else None  # what `rldojo train` prints, rank 0's alone
+    summary = run_training(config, run_dir=run_dir, overwrite=True, console=console)
+    if not rank0:
         return 0  # rank 0 writes the result
     values = record(summary, run_dir) | {"ranks": int(os.environ.get("WORLD_SIZE", "1"))}
     out = results_io.write_result("quickstart", label, values,
                                   out_dir=args.results, seed=config.run.seed,
                                   started=started, dry=args.dry)  # fmt: skip
-    print(f"wrote {out}")
+    print(f"run directory: {run_dir} (rldojo dashboard {config.run.output_dir} shows it)")
+    print(f"result: {out}")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -96,6 +97,16 @@ CASES = [
 ]  # fmt: skip
 
 
+PRINTS = {
+    "quickstart": [r"^held-out accuracy \(before\): 0\.0% \(8 tasks, greedy; 95% CI ",
+                   r"^step +1 reward ", r"^step +2 reward ",
+                   r"^held-out accuracy \(after\): .*95% CI ", r"^run directory: ",
+                   r"^result: .*quickstart/dry\.json$"],
+}  # fmt: skip
+"""What a script prints on stdout (regular expressions, each matching a line): the
+quickstart shows what README's "What the quickstart prints" describes."""
+
+
 def _listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
 
@@ -123,6 +134,8 @@ def test_the_dry_mode_writes_a_complete_result_into_the_given_folder(
     assert manifest["command"][0] == sys.executable and "--dry" in manifest["command"]
     assert check(result)
     assert _listing(RESULTS / script) == before
+    for pattern in PRINTS.get(script, []):
+        assert re.search(pattern, done.stdout, re.MULTILINE), (pattern, done.stdout[-3000:])
 
 
 def test_a_dry_run_refuses_benchmarks_results():
