@@ -4,8 +4,16 @@ bad input answered with a 4xx, never a 500 or a traceback."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import pytest
-from dashboard.runs_fixture import KNOWN_SELECTED, KNOWN_TEXT
+from dashboard.runs_fixture import KNOWN_SELECTED, KNOWN_TEXT, write_metrics
+
+from rldojo.dashboard.runs import LIVE_S, RunIndex
+from rldojo.store.run_dir import record_config_change
+from rldojo.training.stops import FailureBudgetExceeded, RunInterrupted
 
 pytestmark = pytest.mark.slow  # tiny-random's tokenizer reads the ledger
 
@@ -117,8 +125,6 @@ def test_listens_on_loopback_by_default(served):
 
 
 def test_status_of_a_run_from_its_files(served):
-    from rldojo.dashboard.runs import LIVE_S, RunIndex
-
     _, _, root = served
     index = RunIndex([root])
     beta, alpha = index.get("beta"), index.get("alpha")
@@ -135,6 +141,53 @@ def test_status_of_a_run_from_its_files(served):
     assert index.get("link") is None  # nor through a symlink
     assert "link" not in {r.id for r in index.runs()}
     (root / "link").unlink()
+
+
+def _ended_run(path, stopped: str, steps: int) -> None:
+    """A run directory as the run loop leaves it: config, metrics, a checkpoint (none when
+    the failure budget stopped it) and `summary.json` with the keys `_finish` writes."""
+    path.mkdir(parents=True)
+    (path / "config.toml").write_text('[model]\nname = "tiny-random"\n\n[run]\nsteps = 4\n')
+    write_metrics(path / "metrics.jsonl", steps)
+    record_config_change(path, "start", {})
+    checkpoint = None
+    if stopped != FailureBudgetExceeded.stopped:
+        checkpoint = path / "checkpoints" / f"step_{steps:06d}"
+        checkpoint.mkdir(parents=True)
+    evals = {"before": {"accuracy": 0.25, "n": 4}}
+    summary = {"command": "train", "model": "tiny-random", "env": "arith-v1", "steps": steps,
+               "accuracy_before": 0.25, "accuracy_after": None, "evals": evals,
+               "wall_s": 3.2 * steps, "run_dir": str(path), "stopped": stopped,
+               "checkpoint": None if checkpoint is None else str(checkpoint)}  # fmt: skip
+    (path / "summary.json").write_text(json.dumps(summary, indent=2))
+    old = time.time() - 10 * LIVE_S  # the run ended a while ago
+    for f in path.iterdir():
+        os.utime(f, (old, old))
+
+
+def test_status_says_how_a_run_ended(tmp_path):
+    ends = {
+        "steps": "finished",
+        "max_minutes": "finished",
+        "callback": "finished",
+        RunInterrupted.stopped: "interrupted",
+        FailureBudgetExceeded.stopped: "failed",
+    }
+    for stopped in ends:
+        _ended_run(tmp_path / stopped, stopped, steps=2)
+    rows = {r["id"]: r for r in (run.row() for run in RunIndex([tmp_path]).runs())}
+    assert {k: (r["status"], r["stopped_by"]) for k, r in rows.items()} == {
+        k: (status, k) for k, status in ends.items()
+    }
+    assert rows["interrupted"]["steps"] == 2 and rows["failures"]["wall_s"] == 6.4
+    # Resumed: a new start after the interrupted attempt's summary; that summary is stale.
+    resumed = RunIndex([tmp_path]).get("interrupted")
+    assert resumed is not None
+    record_config_change(resumed.path, "resume", {})
+    now = resumed.file("config_history.jsonl").stat().st_mtime
+    assert resumed.status(now=now + 1) == "running"
+    assert resumed.status(now=now + LIVE_S + 1) == "stopped"  # killed after resuming
+    assert resumed.row()["stopped_by"] is None
 
 
 def test_command_refuses_a_missing_directory(tmp_path):

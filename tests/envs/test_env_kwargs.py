@@ -3,6 +3,7 @@ errors naming the TOML key, listed by `rldojo envs --kwargs`."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import tomllib
@@ -161,3 +162,36 @@ def test_envs_kwargs_lists_the_model() -> None:
     assert plain.exit_code == 0 and "declares no Kwargs model" in plain.output
     unknown = runner.invoke(app, ["envs", "--kwargs", "crm-v9"])
     assert unknown.exit_code == 2 and "unknown environment 'crm-v9'" in unknown.output
+
+
+OWN_LIMITS = {"web-crm-v1": 24, "crm-v1": 10, "arith-tools-v1": 6, "tictactoe-v1": 12,
+              "connect4-v1": 30}  # fmt: skip
+"""Each environment's own `max_turns` (docs/environments.md); its other limits are
+EpisodeLimits' defaults."""
+
+
+@pytest.mark.parametrize(("env_id", "max_turns"), [*OWN_LIMITS.items(), ("code-repair-v1", 3)])
+def test_a_partial_limits_table_keeps_the_envs_other_limits(env_id: str, max_turns: int) -> None:
+    quiet = {"python": "off"} if env_id == "arith-tools-v1" else {}  # no sandbox probe
+    env = make_env(env_id, limits={"max_wall_s": 200}, **quiet)  # web-crm: no browser yet
+    try:
+        assert env.limits == EpisodeLimits(max_turns=max_turns, max_wall_s=200)
+        assert env.fork().limits == env.limits
+    finally:
+        asyncio.run(env.close())
+    whole = EpisodeLimits(max_turns=2, max_tokens=500, max_wall_s=9.0)
+    assert make_env(env_id, limits=whole, **quiet).limits == whole  # given whole: as given
+    assert make_env(env_id, **quiet).limits == EpisodeLimits(max_turns=max_turns)
+
+
+@pytest.mark.parametrize(("env_id", "max_turns"), OWN_LIMITS.items())
+def test_envs_kwargs_shows_the_envs_own_limits(env_id: str, max_turns: int) -> None:
+    result = runner.invoke(app, ["envs", "--kwargs", env_id], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    cells = {}
+    for line in result.output.splitlines():
+        row = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(row) == 4 and row[0].startswith("limits"):
+            cells[row[0]] = row[2]
+    assert cells == {"limits": "None", "limits.max_turns": str(max_turns),
+                     "limits.max_tokens": "16384", "limits.max_wall_s": "300.0"}  # fmt: skip

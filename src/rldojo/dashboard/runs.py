@@ -7,6 +7,12 @@ Its id is its path relative to its root, prefixed by the root's index when sever
 are served (`0/tiny1`, `1/exp/a`). A path that resolves outside every root is not a run,
 whatever `..` or symlinks it holds.
 
+A run's status says how it ended, as its `summary.json` records it (`stopped`, written
+by `rldojo.training.loop`): `finished` (the step count, `run.max_minutes` or a callback
+ended it), `interrupted` (SIGINT/SIGTERM; `--resume` continues it) or `failed` (the
+failure budget). Without a summary, or with one older than the run's latest (re)start, it
+is `running` while its files change and `stopped` (killed or crashed) after.
+
 Reading tolerates a run being written: a metrics line that is not (yet) whole JSON is
 skipped and counted (`bad_lines`), a missing file is an empty value, never an error.
 """
@@ -25,8 +31,16 @@ RUN_MARKERS = ("metrics.jsonl", "ledger.sqlite", "summary.json")
 """A directory holding any of these files is a run."""
 
 LIVE_S = 120.0
-"""A run without `summary.json` whose files changed within this many seconds is `running`;
-older, it is `stopped` (killed or interrupted; `rldojo train --resume` continues it)."""
+"""A run without a current `summary.json` whose files changed within this many seconds is
+`running`; older, it is `stopped` (killed or crashed; `rldojo train --resume` continues it)."""
+
+ENDED = {"steps": "finished", "max_minutes": "finished", "callback": "finished",
+         "interrupted": "interrupted", "failures": "failed", "error": "failed"}  # fmt: skip
+"""A run's status by its summary's `stopped` (`rldojo.training.loop`, `training.stops`);
+a summary without `stopped` (or with a value not listed) reads `finished`."""
+
+STARTS = "config_history.jsonl"
+"""Appended at each start and resume: a summary older than it is an earlier attempt's."""
 
 MAX_DEPTH = 4
 """How deep below a root run directories are looked for."""
@@ -99,8 +113,20 @@ class Run:
         return self.path / name
 
     def summary(self) -> dict[str, Any] | None:
-        """`summary.json`, written when the run finished (None before, or if unreadable)."""
+        """`summary.json`, written when the run ended (None before, or if unreadable)."""
         return _read_json(self.file("summary.json"))
+
+    def ended(self) -> bool:
+        """True when `summary.json` was written after the run's latest start (a resumed
+        run keeps its earlier attempt's summary until it ends again)."""
+        try:
+            written = self.file("summary.json").stat().st_mtime
+        except OSError:
+            return False
+        try:
+            return written >= self.file(STARTS).stat().st_mtime
+        except OSError:  # no start recorded: the summary is the run's
+            return True
 
     def config(self) -> tuple[str, dict[str, Any]]:
         """The resolved config as written (`config.toml`): its text and parsed form."""
@@ -113,17 +139,19 @@ class Run:
         except tomllib.TOMLDecodeError:
             return text, {}
 
-    def status(self, now: float | None = None) -> str:
-        """`finished` (summary written), `running` (files changed within `LIVE_S`) or
-        `stopped`."""
-        if self.file("summary.json").exists():
-            return "finished"
+    def status(self, now: float | None = None, summary: dict[str, Any] | None = None) -> str:
+        """How the run ended, by its summary's `stopped` (`ENDED`: `finished`,
+        `interrupted`, `failed`); before it has ended, `running` (files changed within
+        `LIVE_S`) or `stopped`. `summary`: the one the caller read (else read here)."""
+        if self.ended():
+            summary = self.summary() if summary is None else summary
+            return ENDED.get(str((summary or {}).get("stopped")), "finished")
         now = time.time() if now is None else now
         changed = max((p.stat().st_mtime for p in self._markers()), default=0.0)
         return "running" if now - changed < LIVE_S else "stopped"
 
     def _markers(self) -> list[Path]:
-        names = [*RUN_MARKERS, "ledger.sqlite-wal"]
+        names = [*RUN_MARKERS, "ledger.sqlite-wal", STARTS]
         return [p for p in (self.file(n) for n in names) if p.exists()]
 
     def checkpoints(self) -> list[dict[str, Any]]:
@@ -143,10 +171,13 @@ class Run:
         config: dict[str, Any] | None = None,
         summary: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The runs table's row: status, envs, model, steps, last reward, held-out
-        accuracy before/after, wall time (from the files, or from what the caller read)."""
+        """The runs table's row: status and what stopped it (the summary's `stopped`, None
+        before the run ended), envs, model, steps, last reward, held-out accuracy
+        before/after, wall time (from the files, or from what the caller read)."""
         config = self.config()[1] if config is None else config
         summary = (self.summary() if summary is None else summary) or {}
+        if not self.ended():  # an earlier attempt's, or none
+            summary = {}
         metrics = read_metrics(self.file("metrics.jsonl")) if metrics is None else metrics
         env = config.get("env", {})
         envs = [env.get("id")] if env.get("id") else []
@@ -158,7 +189,8 @@ class Run:
             wall = sum(float(r.get("time/step") or 0.0) for r in metrics.train)
         return {
             "id": self.id,
-            "status": self.status(),
+            "status": self.status(summary=summary),
+            "stopped_by": summary.get("stopped"),
             "model": config.get("model", {}).get("name") or summary.get("model"),
             "envs": envs or ([summary["env"]] if summary.get("env") else []),
             "steps": last.get("step", 0),

@@ -14,10 +14,11 @@ per keyword argument, and puts it on the factory as `Kwargs`:
 The registry validates `env.kwargs` against it (`validate_kwargs`) before calling the
 factory, so a typo or a wrong type is one line naming the TOML key, the environment and
 what was expected (``env.kwargs.db_size: crm-v1: expected 'small', 'default' or 'large',
-got 'huge'``), and `rldojo envs --kwargs ID` lists the fields (`kwargs_rows`). The model
-only checks: the factory receives the kwargs as given and keeps its own checks of how
-values combine. Validation is strict (no ``"3"`` for 3), as TOML and JSON give real
-types. A factory without a model is checked against its signature instead.
+got 'huge'``), and `rldojo envs --kwargs ID` lists the fields (`kwargs_rows`; the
+`limits.*` rows show the environment's own limits, its `default_limits`, which a partial
+table keeps). The model only checks: the factory receives the kwargs as given and keeps
+its own checks of how values combine. Validation is strict (no ``"3"`` for 3), as TOML
+and JSON give real types. A factory without a model is checked against its signature instead.
 
 A class's `Kwargs` describes the `__init__` of the class that declares it, so a subclass
 with its own `__init__` and no `Kwargs` of its own falls back to its signature.
@@ -25,6 +26,7 @@ with its own `__init__` and no `Kwargs` of its own falls back to its signature.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import json
@@ -61,7 +63,8 @@ class EnvKwargs(BaseModel):
 
 
 class LimitsKwargs(EnvKwargs):
-    """`rldojo.envs.multiturn.EpisodeLimits` as a table: ``limits = {max_turns = 6}``."""
+    """`rldojo.envs.multiturn.EpisodeLimits` as a table: ``limits = {max_turns = 6}``. The
+    keys left out keep the environment's own values (its `default_limits`), not these."""
 
     max_turns: int = Field(8, gt=0)
     """Policy turns before the episode is cut (`episode/limit` = turns)."""
@@ -75,7 +78,7 @@ class ToolEnvKwargs(EnvKwargs):
     """The keyword arguments every `rldojo.envs.multiturn.ToolEnv` takes."""
 
     limits: LimitsKwargs | None = None
-    """Per-episode limits (a table); None: the environment's defaults."""
+    """Per-episode limits (a table); keys left out keep the environment's own."""
     schema_style: Literal["json", "signatures", "template"] = "json"
     """How tools are listed in the system prompt: one JSON schema per line, one short
     signature per tool, or not at all (the chat template renders them)."""
@@ -196,7 +199,7 @@ def kwargs_rows(factory: Callable[..., Any]) -> tuple[list[KwargRow], bool]:
     tables flattened, ``limits.max_turns``), else from its signature (no docs)."""
     model = kwargs_model(factory)
     if model is not None:
-        return _model_rows(model, ""), True
+        return _model_rows(model, "", _own_tables(factory)), True
     try:
         params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
@@ -214,13 +217,29 @@ def kwargs_rows(factory: Callable[..., Any]) -> tuple[list[KwargRow], bool]:
     return rows, False
 
 
-def _model_rows(model: type[BaseModel], prefix: str) -> list[KwargRow]:
-    """The model's own fields first (in order), then those of its bases."""
+def _own_tables(factory: Callable[..., Any]) -> dict[str, dict[str, Any]]:
+    """Defaults of nested tables that the factory holds itself, by field name: a
+    multi-turn environment's `limits` are its `default_limits` (a partial table is merged
+    over them, `rldojo.envs.multiturn.MultiTurnEnv`), not `LimitsKwargs`' own."""
+    limits = getattr(factory, "default_limits", None) if isinstance(factory, type) else None
+    if dataclasses.is_dataclass(limits) and not isinstance(limits, type):
+        return {"limits": dataclasses.asdict(limits)}
+    return {}
+
+
+def _model_rows(
+    model: type[BaseModel], prefix: str, tables: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[KwargRow]:
+    """The model's own fields first (in order), then those of its bases; a nested table's
+    rows show `tables[name]`'s values where given (`_own_tables`)."""
     own = [n for n in model.model_fields if n in vars(model).get("__annotations__", {})]
     rows = []
+    values = tables.get(prefix.rstrip("."), {}) if tables and prefix else {}
     for name in own + [n for n in model.model_fields if n not in own]:
         info = model.model_fields[name]
-        if info.default is not PydanticUndefined:
+        if name in values:
+            default = _show(values[name])
+        elif info.default is not PydanticUndefined:
             default = _show(info.default)
         elif info.default_factory is not None:
             default = _show(info.default_factory())  # type: ignore[call-arg]
@@ -230,7 +249,7 @@ def _model_rows(model: type[BaseModel], prefix: str) -> list[KwargRow]:
         rows.append(KwargRow(prefix + name, _type_name(info.annotation), default, doc))
         nested = _nested(info.annotation)
         if nested is not None:
-            rows += _model_rows(nested, f"{prefix}{name}.")
+            rows += _model_rows(nested, f"{prefix}{name}.", tables)
     return rows
 
 

@@ -4,7 +4,8 @@
 limits, a refusal (`EpisodeDone`) after the end, counters that reach the grader through
 `StepResult.info`, and `snapshot()` / `restore()` / `fork()` of the whole episode.
 Subclasses implement `turn(action)`; state they keep outside `self.episode` (a database,
-a board) is saved by `save_state()` / `load_state()`.
+a board) is saved by `save_state()` / `load_state()`. A `limits` table is merged over the
+environment's own `default_limits`: the keys it leaves out keep the environment's values.
 
 `ToolEnv` is the base of tool-using environments (crm-v1, arith-tools-v1): it shows the
 tool schemas in the system prompt (and in `Observation.info["tools"]` for chat templates
@@ -132,13 +133,16 @@ class MultiTurnEnv:
     """
 
     env_id: str = ""
+    default_limits: EpisodeLimits = EpisodeLimits()
+    """The environment's own limits: `limits=None` gets them, a table (TOML's ``limits =
+    {max_wall_s = 200}``) is merged over them, an `EpisodeLimits` replaces them."""
 
     def __init__(
         self, *, limits: EpisodeLimits | Mapping[str, Any] | None = None, **init_kwargs: Any
     ) -> None:
-        if isinstance(limits, Mapping):  # from a TOML table: limits = { max_turns = 6 }
-            limits = EpisodeLimits(**limits)
-        self.limits = limits or EpisodeLimits()
+        if isinstance(limits, Mapping):
+            limits = dataclasses.replace(self.default_limits, **limits)
+        self.limits = limits or self.default_limits
         self.init_kwargs = {"limits": self.limits, **init_kwargs}
         self.episode = EpisodeState()
 
@@ -261,7 +265,7 @@ class ToolEnv(MultiTurnEnv):
     """Base of tool-using environments (see the module docstring).
 
     Args:
-        limits: per-episode limits.
+        limits: per-episode limits, merged over the class's `default_limits`.
         schema_style: how tools are listed in the system prompt: ``json`` (one JSON
             schema per line, the Hermes/Qwen convention), ``signatures`` (one short
             line per tool, for small context windows) or ``template`` (not listed: the

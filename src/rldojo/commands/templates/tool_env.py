@@ -42,11 +42,12 @@ class ${camel}Env(ToolEnv):
 
     Args:
         items: how many different items are on a bill (1 to 6).
-        limits: per-episode limits (default: 6 turns).
+        limits: per-episode limits, a table merged over `default_limits` (6 turns).
         schema_style, max_calls_per_turn, ...: see `rldojo.envs.multiturn.ToolEnv`.
     """
 
     env_id = ENV_ID
+    default_limits = EpisodeLimits(max_turns=6)
     instructions = (
         "You are a shop assistant. Look up the price of each item with the price tool, "
         "then give the total in cents as a whole number in <answer>...</answer>."
@@ -62,9 +63,7 @@ class ${camel}Env(ToolEnv):
         if not 1 <= items <= len(ITEMS):
             raise ValueError(f"{ENV_ID}: items must be 1 to {len(ITEMS)}, got {items}")
         # The keyword arguments are stored (init_kwargs) so that fork() can rebuild us.
-        super().__init__(
-            limits=limits or EpisodeLimits(max_turns=6), items=items, **tool_env_kwargs
-        )
+        super().__init__(limits=limits, items=items, **tool_env_kwargs)
         self.items = items
 
     def build_tools(self) -> list[Tool]:

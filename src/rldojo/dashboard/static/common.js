@@ -17,6 +17,13 @@ function secs(v) {
   return v < 90 ? v.toFixed(1) + " s" : Math.floor(v / 60) + " min " + Math.round(v % 60) + " s";
 }
 function badge(s) { return `<span class="badge ${esc(s)}">${esc(s)}</span>`; }
+// A run's status badge and, unless the step count ended it, what did (summary.json's `stopped`).
+const STOPPED_BY = {max_minutes: "run.max_minutes spent", callback: "a callback", failures: "failure budget"};
+function runStatus(r) {
+  const by = r.stopped_by;
+  const how = by && by !== "steps" && by !== r.status ? ` <span class="muted">(${esc(STOPPED_BY[by] ?? by)})</span>` : "";
+  return badge(r.status) + how;
+}
 function runLink(id, text) { return `<a href="run?id=${encodeURIComponent(id)}">${esc(text ?? id)}</a>`; }
 
 async function getJSON(url) {

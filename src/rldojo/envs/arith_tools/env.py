@@ -282,7 +282,8 @@ class ArithToolsKwargs(ToolEnvKwargs):
     reward: ArithToolsRewardKwargs | None = None
     """Terms of the reward (a table); None: the defaults."""
     limits: LimitsKwargs | None = None
-    """Per-episode limits (a table); None: max_turns = 6 and the other defaults."""
+    """Per-episode limits (a table); keys left out keep arith-tools-v1's: max_turns = 6 and
+    the other defaults."""
 
 
 class ArithToolsEnv(ToolEnv):
@@ -290,6 +291,7 @@ class ArithToolsEnv(ToolEnv):
 
     env_id = ENV_ID
     Kwargs = ArithToolsKwargs
+    default_limits = EpisodeLimits(max_turns=6)
     instructions = (
         "You are a careful math assistant. These numbers are too large to compute in your "
         "head: use the tools. Give the exact integer result in <answer>...</answer>."
@@ -312,10 +314,8 @@ class ArithToolsEnv(ToolEnv):
             raise ValueError(f"{ENV_ID}: python must be 'auto', 'on' or 'off', got {python!r}")
         if isinstance(reward, dict):
             reward = ArithToolsReward(**reward)
-        if isinstance(limits, dict):
-            limits = EpisodeLimits(**limits)
         super().__init__(
-            limits=limits or EpisodeLimits(max_turns=6),
+            limits=limits,
             levels=levels,
             python=python,
             calculator=calculator,

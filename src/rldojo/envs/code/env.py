@@ -26,7 +26,7 @@ status ``env_error``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -145,7 +145,8 @@ class CodeRepairEnv(MultiTurnEnv):
         max_turns: attempts per episode (the last one gets no feedback: it is graded).
         turn_cost: reward subtracted per attempt after the first.
         max_failures_shown: failed tests listed per feedback message.
-        limits: full episode limits (tokens, wall time); overrides `max_turns`.
+        limits: episode limits (tokens, wall time): a whole `EpisodeLimits` overrides
+            `max_turns`, a table is merged over `max_turns` and the other defaults.
     """
 
     env_id = REPAIR_ENV_ID
@@ -163,14 +164,15 @@ class CodeRepairEnv(MultiTurnEnv):
         templates: Sequence[str] | None = None,
         test_timeout_s: float = 3.0,
         max_failures_shown: int = 3,
-        limits: EpisodeLimits | None = None,
+        limits: EpisodeLimits | Mapping[str, Any] | None = None,
     ) -> None:
         if max_turns < 1 or turn_cost < 0 or max_failures_shown < 1:
             raise ValueError(
                 f"{REPAIR_ENV_ID}: need max_turns >= 1, turn_cost >= 0, max_failures_shown >= 1"
             )
+        self.default_limits = EpisodeLimits(max_turns=max_turns)
         super().__init__(
-            limits=limits or EpisodeLimits(max_turns=max_turns), source=source,
+            limits=limits, source=source,
             max_turns=max_turns, turn_cost=turn_cost, held_out=held_out,
             partial_credit=partial_credit, system_prompt=system_prompt,
             test_fraction=test_fraction, templates=templates, test_timeout_s=test_timeout_s,

@@ -88,7 +88,8 @@ class CrmKwargs(CrmDatabaseKwargs):
     sql: bool = True
     """Also offer the read-only ``sql`` tool."""
     limits: LimitsKwargs | None = None
-    """Per-episode limits (a table); None: max_turns = 10 and the other defaults."""
+    """Per-episode limits (a table); keys left out keep crm-v1's: max_turns = 10 and the
+    other defaults."""
 
 
 class CrmEnv(ToolEnv):
@@ -97,6 +98,7 @@ class CrmEnv(ToolEnv):
     env_id = ENV_ID
     instructions = INSTRUCTIONS
     Kwargs = CrmKwargs
+    default_limits = EpisodeLimits(max_turns=10)
 
     def __init__(
         self,
@@ -118,10 +120,8 @@ class CrmEnv(ToolEnv):
             raise ValueError(f"{ENV_ID}: n_databases must be >= 1")
         if isinstance(reward, dict):
             reward = CrmReward(**reward)
-        if isinstance(limits, dict):
-            limits = EpisodeLimits(**limits)
         super().__init__(
-            limits=limits or EpisodeLimits(max_turns=10),
+            limits=limits,
             levels=levels,
             db_size=db_size,
             n_databases=n_databases,

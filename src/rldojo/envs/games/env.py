@@ -87,8 +87,8 @@ class GameKwargs(EnvKwargs):
     move_credit: float = Field(0.0, ge=0.0)
     """Weight of the per-move credit put on each move's tokens (module docstring); 0: off."""
     limits: LimitsKwargs | None = None
-    """Per-episode limits (a table); None: max_turns = 12 (tic-tac-toe) or 30 (connect
-    four) and the other defaults."""
+    """Per-episode limits (a table); keys left out keep the game's: max_turns = 12
+    (tic-tac-toe) or 30 (connect four) and the other defaults."""
 
 
 class GameEnv(MultiTurnEnv):
@@ -97,7 +97,7 @@ class GameEnv(MultiTurnEnv):
 
     Kwargs = GameKwargs
     rules: Rules = TicTacToe()
-    default_max_turns = 12
+    default_limits = EpisodeLimits(max_turns=12)
 
     def __init__(
         self,
@@ -110,8 +110,6 @@ class GameEnv(MultiTurnEnv):
         move_credit: float = 0.0,
         limits: EpisodeLimits | dict[str, Any] | None = None,
     ) -> None:
-        if isinstance(limits, dict):
-            limits = EpisodeLimits(**limits)
         if opponent_depth < 0 or not 0.0 <= opponent_epsilon <= 1.0 or max_illegal < 1:
             raise ValueError(
                 f"{self.env_id}: need opponent_depth >= 0, 0 <= epsilon <= 1, max_illegal >= 1"
@@ -119,7 +117,7 @@ class GameEnv(MultiTurnEnv):
         if move_credit < 0:
             raise ValueError(f"{self.env_id}: move_credit must be >= 0, got {move_credit}")
         super().__init__(
-            limits=limits or EpisodeLimits(max_turns=self.default_max_turns),
+            limits=limits,
             opponent_depth=opponent_depth,
             opponent_epsilon=opponent_epsilon,
             max_illegal=max_illegal,
@@ -341,8 +339,7 @@ class TicTacToeEnv(GameEnv):
 
     env_id = "tictactoe-v1"
     rules = TicTacToe()
-
-    default_max_turns = 12  # 5 moves at most, plus room for illegal attempts
+    default_limits = EpisodeLimits(max_turns=12)  # 5 moves at most, and illegal attempts
 
 
 class Connect4Env(GameEnv):
@@ -350,7 +347,7 @@ class Connect4Env(GameEnv):
 
     env_id = "connect4-v1"
     rules = Connect4()
-    default_max_turns = 30  # 21 moves at most, plus room for illegal attempts
+    default_limits = EpisodeLimits(max_turns=30)  # 21 moves at most, and illegal attempts
 
 
 register(TicTacToeEnv.env_id, TicTacToeEnv)
