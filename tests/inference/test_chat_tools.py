@@ -15,7 +15,12 @@ import pytest
 
 from rldojo.envs.tool_calls import parse_turn as envs_parse_turn
 from rldojo.inference import ScriptedEngine, start_server
-from rldojo.inference.chat_tools import encode_with_tools, split_tool_calls, tools_system_prompt
+from rldojo.inference.chat_tools import (
+    assistant_text,
+    encode_with_tools,
+    split_tool_calls,
+    tools_system_prompt,
+)
 from rldojo.inference.engine import ChatRequest, TransformersEngine
 from rldojo.inference.token_stream import releasable
 from rldojo.inference.tool_calls import parse_turn
@@ -51,6 +56,17 @@ def test_split_tool_calls_keeps_the_prose_and_reads_the_calls():
     broken = "<tool_call>{not json</tool_call>"  # unreadable: left in the content
     content, calls = split_tool_calls(f"{broken}{CALL}")
     assert content == broken and len(calls) == 1
+
+
+def test_assistant_text_writes_calls_one_a_line_as_the_experts_do():
+    calls = [("add", '{"a": 2, "b": 3}'), ("add", {"a": 1, "b": 1})]
+    two = CALL.replace("2, ", "1, ").replace("3}", "1}")
+    assert assistant_text("Let me add.", calls) == f"Let me add.\n{CALL}\n{two}"
+    assert assistant_text(None, calls) == assistant_text("", calls) == f"{CALL}\n{two}"
+    assert assistant_text("5", []) == "5"
+    _, read = split_tool_calls(assistant_text(None, calls))
+    arguments = [json.loads(c["function"]["arguments"]) for c in read]
+    assert arguments == [{"a": 2, "b": 3}, {"a": 1, "b": 1}]
 
 
 def test_releasable_holds_back_what_may_start_a_marker():
@@ -127,20 +143,29 @@ def test_streamed_tool_calls(scripted):
 
 @pytest.mark.slow  # starts a server
 @pytest.mark.parametrize(
-    ("extra", "param"),
+    ("extra", "param", "code"),  # OpenAI's codes for the same faults
     [
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
-        ({"tool_choice": "sometimes"}, "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name"),
-        ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+        ({"tool_choice": "required"}, "tool_choice", "unsupported_value"),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "add"}}},
+            "tool_choice",
+            "unsupported_value",
+        ),
+        ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+            "tools.0.function.name",
+            "invalid_value",
+        ),
+        ({"tools": [{"type": "retrieval"}]}, "tools.0.type", "invalid_value"),
     ],
 )
-def test_bad_tool_requests_are_400_naming_the_field(scripted, extra, param):
+def test_bad_tool_requests_are_400_naming_the_field(scripted, extra, param, code):
     _, client = scripted
     args = {"model": "m", "messages": ASK, "tools": [ADD]} | extra
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(**args)
+    assert err.value.body["code"] == code
     assert err.value.body["param"] == param and param in err.value.body["message"]
 
 

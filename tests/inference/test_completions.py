@@ -109,8 +109,16 @@ def test_stream_sends_the_same_text(client):
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
     assert len(chunks) == whole.usage.completion_tokens
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
-    echoed = list(_complete(client, max_tokens=3, temperature=0.0, stream=True, echo=True,
-                            stream_options={"include_usage": True}))  # fmt: skip
+    echoed = list(
+        _complete(
+            client,
+            max_tokens=3,
+            temperature=0.0,
+            stream=True,
+            echo=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert echoed[0].choices[0].text == PROMPT
     assert echoed[-1].choices == [] and echoed[-1].usage.completion_tokens <= 3
     logprobs = list(_complete(client, max_tokens=4, temperature=0.0, stream=True, logprobs=1))
@@ -120,29 +128,35 @@ def test_stream_sends_the_same_text(client):
 
 
 @pytest.mark.parametrize(
-    ("args", "param"),
+    ("args", "param", "code"),  # OpenAI's codes for the same faults
     [
-        ({"max_tokens": 0}, "max_tokens"),
-        ({"prompt": []}, "prompt"),
-        ({"prompt": [[1, 2], []]}, "prompt"),
-        ({"prompt": [10**9]}, "prompt"),
-        ({"prompt": {"text": "x"}}, "prompt"),
-        ({"logprobs": 21}, "logprobs"),
-        ({"temperature": 3}, "temperature"),
-        ({"suffix": "and so on"}, "suffix"),
-        ({"best_of": 3}, "best_of"),
-        ({"stream_options": {"include_usage": True}}, "stream_options"),
-        ({"stream": True, "echo": True, "logprobs": 1}, "stream"),
-        ({"max_tokens": 4000}, "max_tokens"),  # tiny-random's context: 2048 tokens
-        ({"prompt": [5] * 2048, "max_tokens": 1}, "prompt"),
+        ({"max_tokens": 0}, "max_tokens", "integer_below_min_value"),
+        ({"prompt": []}, "prompt", "empty_array"),
+        ({"prompt": [[1, 2], []]}, "prompt", "empty_array"),
+        ({"prompt": [10**9]}, "prompt", "invalid_value"),
+        ({"prompt": {"text": "x"}}, "prompt", "invalid_type"),
+        ({"logprobs": 21}, "logprobs", "integer_above_max_value"),
+        ({"temperature": 3}, "temperature", "decimal_above_max_value"),
+        ({"suffix": "and so on"}, "suffix", "unsupported_parameter"),
+        ({"best_of": 3}, "best_of", "unsupported_value"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+        ({"stream": True, "echo": True, "logprobs": 1}, "stream", "unsupported_value"),
+        # tiny-random's context: 2048 tokens; more can never fit, whatever the prompt
+        ({"max_tokens": 4000}, "max_tokens", "invalid_value"),
+        ({"max_tokens": 10**6}, "max_tokens", "invalid_value"),
+        # read by inspect-ai as a length stop
+        ({"max_tokens": 2047}, "max_tokens", "context_length_exceeded"),
+        ({"prompt": [5] * 2048, "max_tokens": 1}, "prompt", "context_length_exceeded"),
     ],
 )
-def test_bad_requests_are_400_naming_the_field(client, args, param):
+def test_bad_requests_are_400_naming_the_field(client, args, param, code):
     with pytest.raises(openai.BadRequestError) as err:
         _complete(client, **args)
-    assert err.value.body["param"] == param and param in err.value.body["message"]
-    too_long = "exceed" in err.value.body["message"]  # OpenAI's code, read by inspect-ai
-    assert err.value.body["code"] == ("context_length_exceeded" if too_long else None)
+    body = err.value.body
+    assert body["param"] == param and param in body["message"]
+    assert body["type"] == "invalid_request_error" and body["code"] == code
+    if param == "max_tokens" and args["max_tokens"] > 2048:  # the message names the limit
+        assert f"{args['max_tokens']} is too large" in body["message"] and "2048" in body["message"]
 
 
 def test_another_model_is_404_model_not_found(client):

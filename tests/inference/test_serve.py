@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -57,6 +58,60 @@ def test_errors_have_openai_shape(client):
         client.chat.completions.create(model="tiny-random", messages=[])
     with pytest.raises(openai.BadRequestError, match="temperature"):
         _ask(client, temperature=5.0)
+
+
+def test_max_tokens_beyond_the_context_is_invalid_value_naming_the_limit(client):
+    for field in ("max_tokens", "max_completion_tokens"):
+        with pytest.raises(openai.BadRequestError) as err:
+            _ask(client, **{field: 10**6})
+        body = err.value.body
+        assert (body["type"], body["param"], body["code"]) == (
+            "invalid_request_error",
+            field,
+            "invalid_value",
+        )
+        assert "1000000 is too large" in body["message"] and "2048" in body["message"]
+    with pytest.raises(openai.BadRequestError) as err:  # fits alone, not with the prompt
+        _ask(client, max_completion_tokens=2040)
+    body = err.value.body
+    assert (body["param"], body["code"]) == ("max_completion_tokens", "context_length_exceeded")
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "code"),  # OpenAI's codes for the same faults
+    [
+        ({"temperature": 5}, "temperature", "decimal_above_max_value"),
+        ({"top_p": 0}, "top_p", "decimal_below_min_value"),
+        ({"n": 0}, "n", "integer_below_min_value"),
+        ({"n": 17}, "n", "integer_above_max_value"),
+        ({"max_tokens": 0}, "max_tokens", "integer_below_min_value"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs", "integer_above_max_value"),
+        ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
+        ({"messages": []}, "messages", "empty_array"),
+        ({"messages": _DROP}, "messages", "missing_required_parameter"),
+        ({"temperature": "hot"}, "temperature", "invalid_type"),
+        ({"messages": [{"content": "hi"}]}, "messages.0.role", "missing_required_parameter"),
+        ({"tool_choice": "required"}, "tool_choice", "unsupported_value"),
+    ],
+)
+def test_invalid_fields_are_400s_with_openai_param_and_code(server, change, param, code):
+    body = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}]} | change
+    body = {k: v for k, v in body.items() if v is not _DROP}
+    reply = httpx.post(f"{server.url}/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert (error["param"], error["code"]) == (param, code) and param in error["message"]
+
+
+def test_a_body_that_is_no_object_is_a_400_naming_the_body(server):
+    reply = httpx.post(f"{server.url}/chat/completions", json=["hi"], timeout=60)
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and (error["param"], error["code"]) == (None, "invalid_type")
+    assert error["message"].startswith("the request body: ")
 
 
 def test_embeddings_float_and_base64(client):

@@ -1,4 +1,5 @@
-"""`rldojo serve --api-key` and `--served-model-name`, through the real openai client."""
+"""`rldojo serve --api-key`, `--served-model-name`, `--max-model-len` and `--chat-template`,
+through the real openai client."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import openai
 import pytest
 
 from rldojo.inference import ScriptedEngine, start_server
+from rldojo.inference.engine import TransformersEngine
+from rldojo.inference.serve_options import ServeOptionError
 
 pytestmark = pytest.mark.slow  # starts a server
 
@@ -60,3 +63,97 @@ def test_without_options_nothing_changes():
         with pytest.raises(openai.NotFoundError) as err:  # a route it does not serve
             client.responses.create(model="m", input="hi")
     assert "/v1/responses" in err.value.body["message"]
+
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def limited(tiny):
+    """tiny-random served with `--max-model-len 64` and a chat template of its own."""
+    model, tokenizer = tiny
+    engine = TransformersEngine(
+        "tiny-random",
+        model=model,
+        tokenizer=tokenizer,
+        dtype="float32",
+        max_model_len=64,
+        chat_template=TEMPLATE,
+    )
+    with start_server(engine) as handle:
+        yield handle, openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=60)
+    engine.close()
+
+
+def test_max_model_len_bounds_prompt_and_completion(limited):
+    _, client = limited
+    with pytest.raises(openai.BadRequestError) as err:  # more than the window holds
+        client.chat.completions.create(model="tiny-random", messages=ASK, max_tokens=65)
+    assert err.value.body["code"] == "invalid_value" and "64" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:  # fits alone, not with the prompt
+        client.chat.completions.create(model="tiny-random", messages=ASK, max_tokens=60)
+    body = err.value.body
+    assert (body["param"], body["code"]) == ("max_tokens", "context_length_exceeded")
+    assert "context of 64 tokens" in body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny-random", prompt=[5] * 64, max_tokens=1)
+    assert (err.value.body["param"], err.value.body["code"]) == (
+        "prompt",
+        "context_length_exceeded",
+    )
+    fits = client.completions.create(model="tiny-random", prompt=[5] * 60, max_tokens=4)
+    assert fits.usage.prompt_tokens == 60 and fits.usage.completion_tokens <= 4
+
+
+def test_the_default_max_tokens_shrinks_to_what_the_window_leaves(limited):
+    _, client = limited  # the default (256) is more than the 64-token window
+    reply = client.chat.completions.create(model="tiny-random", messages=ASK, temperature=0)
+    assert reply.usage.total_tokens <= 64 and reply.usage.completion_tokens >= 1
+
+
+def test_the_chat_template_replaces_the_tokenizers(limited, tiny):
+    handle, client = limited
+    _, tokenizer = tiny
+    reply = client.chat.completions.create(model="tiny-random", messages=ASK, max_tokens=1)
+    rendered = tokenizer("user: hi\nassistant:", add_special_tokens=False)["input_ids"]
+    assert reply.usage.prompt_tokens == len(rendered)
+    assert tokenizer.chat_template != TEMPLATE  # the shared tokenizer is left as it was
+    assert handle.engine.tokenizer.chat_template == TEMPLATE
+
+
+def test_a_template_that_fails_on_a_conversation_is_a_400(tiny):
+    model, tokenizer = tiny
+    strict = (
+        "{% if messages[0].role != 'system' %}{{ raise_exception('a system turn first') }}"
+        "{% endif %}"
+    )
+    engine = TransformersEngine(
+        "tiny-random", model=model, tokenizer=tokenizer, dtype="float32", chat_template=strict
+    )
+    with start_server(engine) as handle:
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=60)
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny-random", messages=ASK, max_tokens=1)
+    engine.close()
+    assert (
+        err.value.body["param"] == "messages" and "a system turn first" in err.value.body["message"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_model_len": 4096}, "--max-model-len: 4096 is more than the model's 2048"),
+        ({"max_model_len": 0}, "--max-model-len: must be at least 1"),
+        ({"chat_template": "{% for m in messages %}"}, "--chat-template: line 1: Unexpected end"),
+        ({"chat_template": "no/such/template.jinja"}, "--chat-template: no file no/such/"),
+    ],
+)
+def test_bad_options_are_one_line_errors(tiny, options, message):
+    model, tokenizer = tiny
+    with pytest.raises(ServeOptionError) as err:
+        TransformersEngine("tiny-random", model=model, tokenizer=tokenizer, **options)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)

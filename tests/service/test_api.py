@@ -179,3 +179,10 @@ def test_bad_rows_fail_the_job_with_the_line_and_field(service, tmp_path):
         job = wait_status(client, create_job(client, file_id).id, "failed", "succeeded")
         assert job.status == "failed" and text in job.error.message, job.error
         assert "\n" not in job.error.message and job.error.code == "invalid_file"
+
+
+def test_a_request_the_engine_refuses_is_a_400_naming_the_field(service):
+    ask = {"model": "tiny-random", "messages": [{"role": "user", "content": "x"}]}
+    reply = _raw(service, "POST", "/chat/completions", json=ask | {"max_tokens": 10**6})
+    error = _is_openai_error(reply, 400)  # tiny-random's context: 2048 tokens
+    assert (error["param"], error["code"]) == ("max_tokens", "invalid_value")

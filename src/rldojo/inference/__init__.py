@@ -14,7 +14,9 @@ through the real openai client, on loopback, with no network.
   `tool_calls` by `tool_calls` (the parser the environments use too).
 - `logprobs`: per-token texts and raw-model log-probabilities (OpenAI's `logprobs`).
 - `token_stream`, `streaming`: tokens as they are sampled, as OpenAI's server-sent chunks.
-- `server`: `start_server(...)` in a background thread, `serve_forever(...)` for the CLI.
+- `server`: `start_server(...)` in a background thread, `serve_forever(...)` for the CLI;
+  `serve_options` (`--max-model-len`, `--chat-template`, checked before serving);
+  `request_log` (one line per request).
 
 What is and is not supported of OpenAI's API: docs/interop.md.
 """

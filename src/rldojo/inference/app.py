@@ -17,7 +17,8 @@ an `api_key`, every /v1 route wants ``Authorization: Bearer <key>`` and answers 
 
 Errors use OpenAI's shape (`rldojo.inference.errors`), so the openai SDK raises its usual
 exceptions; a route this server does not have (/v1/responses) is a 404 in that shape
-too. Unknown request fields are accepted and ignored, as vLLM does.
+too. Unknown request fields are accepted and ignored, as vLLM does. With a
+`request_log`, every request (but /health) is one line to it (`rldojo.inference.request_log`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ from rldojo.inference.completions import (
     completion_stream,
     invalid_completion,
 )
-from rldojo.inference.errors import openai_error, request_error
+from rldojo.inference.errors import openai_error, request_error, validation_code
 from rldojo.inference.protocol import ChatEngine, RequestError
+from rldojo.inference.request_log import RequestLog, counted, request_entry
 
 __all__ = ["build_app"]
 
@@ -127,48 +129,64 @@ def _generation_routes(app: FastAPI, engine: ChatEngine, name: str) -> None:
     """/v1/chat/completions and /v1/completions: whole replies, or streams."""
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatIn) -> dict[str, Any] | JSONResponse | StreamingResponse:
+    async def chat(
+        body: ChatIn, request: Request
+    ) -> dict[str, Any] | JSONResponse | StreamingResponse:
+        (entry := request_entry(request)).model = body.model
         if (wrong := _wrong_model(body.model, name) or invalid_combination(body)) is not None:
             return wrong
         try:
             if body.stream:
-                return streaming_response(name, await engine.stream(chat_request(body)), body)
+                stream = counted(await engine.stream(chat_request(body)), entry)
+                return streaming_response(name, stream, body)
             result = await engine.chat(chat_request(body))
         except Exception as exc:  # the engine failed: a 500 the client may retry
             return _engine_failed(exc)
+        entry.usage(result.prompt_tokens, result.choices)
         return chat_response(name, result, tools=body.uses_tools())
 
     @app.post("/v1/completions", response_model=None)
     async def completions(
-        body: CompletionIn,
+        body: CompletionIn, request: Request
     ) -> dict[str, Any] | JSONResponse | StreamingResponse:
+        (entry := request_entry(request)).model = body.model
         if (wrong := _wrong_model(body.model, name) or invalid_completion(body)) is not None:
             return wrong
         try:
             if body.stream:
-                return completion_stream(name, await engine.stream(completion_request(body)), body)
+                stream = counted(await engine.stream(completion_request(body)), entry)
+                return completion_stream(name, stream, body)
             result = await engine.complete(completion_request(body))
         except Exception as exc:
             return _engine_failed(exc)
+        entry.usage(result.prompt_tokens, result.choices)
         return completion_response(name, result, body)
 
 
 def build_app(
-    engine: ChatEngine, *, served_model_name: str | None = None, api_key: str | None = None
+    engine: ChatEngine,
+    *,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    request_log: Callable[[str], Any] | None = None,
 ) -> FastAPI:
     """The FastAPI app serving `engine` under `served_model_name` (default: `engine.model`);
-    `api_key`: the bearer token every /v1 request must carry (None: no check)."""
+    `api_key`: the bearer token every /v1 request must carry (None: no check);
+    `request_log`: gets one line per request (None: nothing is logged)."""
     app = FastAPI(title="rldojo serve", docs_url=None, redoc_url=None)
     name = served_model_name or engine.model
     started = int(time.time())
     if api_key:
         _require_key(app, api_key)
+    if request_log is not None:  # added last, so outermost: a refused key is logged too
+        app.add_middleware(RequestLog, emit=request_log)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0]
-        where = _field_path(err["loc"])
-        return openai_error(400, f"{where}: {err['msg']}", "invalid_request_error", where)
+        where = _field_path(err["loc"]) or None  # None: the body as a whole
+        message = f"{where or 'the request body'}: {err['msg']}"
+        return openai_error(400, message, "invalid_request_error", where, validation_code(err))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -187,7 +205,8 @@ def build_app(
     _generation_routes(app, engine, name)
 
     @app.post("/v1/embeddings", response_model=None)
-    async def embeddings(body: _EmbedIn) -> dict[str, Any] | JSONResponse:
+    async def embeddings(body: _EmbedIn, request: Request) -> dict[str, Any] | JSONResponse:
+        (entry := request_entry(request)).model = body.model
         if (wrong := _wrong_model(body.model, name)) is not None:
             return wrong
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
@@ -195,6 +214,8 @@ def build_app(
             vectors = await engine.embed(texts)
         except Exception as exc:
             return _engine_failed(exc)
-        return _embedding_response(name, texts, vectors, body.encoding_format)
+        reply = _embedding_response(name, texts, vectors, body.encoding_format)
+        entry.prompt_tokens, entry.completion_tokens = reply["usage"]["prompt_tokens"], 0
+        return reply
 
     return app

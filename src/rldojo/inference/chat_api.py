@@ -31,7 +31,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rldojo.inference.chat_tools import split_tool_calls, tool_call_text
+from rldojo.inference.chat_tools import assistant_text, split_tool_calls
 from rldojo.inference.errors import bad_request
 from rldojo.inference.logprobs import logprobs_json
 from rldojo.inference.protocol import ChatRequest, ChatResult, ChatStream, stop_strings
@@ -48,7 +48,8 @@ __all__ = [
 ]
 
 MAX_TOKENS_DEFAULT = 256
-"""Completion tokens when the request names no limit (vLLM uses the context length)."""
+"""Completion tokens when the request names no limit, or fewer where the context window
+leaves fewer after the prompt (vLLM uses all that is left)."""
 
 
 class _Part(BaseModel):
@@ -87,10 +88,8 @@ class _MessageIn(BaseModel):
             text = self.content
         else:
             text = "".join(p.text for p in self.content if p.type in ("text", "input_text"))
-        calls = [
-            tool_call_text(c.function.name, c.function.arguments) for c in self.tool_calls or []
-        ]
-        return "\n".join([text, *calls]) if text and calls else text + "".join(calls)
+        calls = [(c.function.name, c.function.arguments) for c in self.tool_calls or []]
+        return assistant_text(text, calls)
 
 
 class _Function(BaseModel):
@@ -111,8 +110,10 @@ class ChatIn(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str
     messages: list[_MessageIn] = Field(min_length=1)
-    max_tokens: int | None = Field(None, gt=0, le=8192)
-    max_completion_tokens: int | None = Field(None, gt=0, le=8192)
+    max_tokens: int | None = Field(None, gt=0)
+    """Bounded by the engine's context window (`invalid_value` past it)."""
+    max_completion_tokens: int | None = Field(None, gt=0)
+    """OpenAI's newer name of `max_tokens`; it wins when both are sent."""
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=16)
@@ -142,9 +143,13 @@ def chat_request(body: ChatIn) -> ChatRequest:
         if body.uses_tools()
         else ()
     )
+    field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    max_tokens = body.max_completion_tokens or body.max_tokens
     return ChatRequest(
         messages=[{"role": _role(m.role), "content": m.text()} for m in body.messages],
-        max_tokens=body.max_completion_tokens or body.max_tokens or MAX_TOKENS_DEFAULT,
+        max_tokens=max_tokens or MAX_TOKENS_DEFAULT,
+        max_tokens_field=field,
+        max_tokens_default=max_tokens is None,
         temperature=body.temperature,
         top_p=body.top_p,
         n=body.n,
@@ -169,8 +174,9 @@ def invalid_combination(body: ChatIn) -> JSONResponse | None:
         return bad_request("tool_choice", f"expected 'auto', 'none' or 'required', got {choice!r}")
     if choice == "required" or isinstance(choice, dict):
         wanted = "'required'" if choice == "required" else "a named function"
-        return bad_request("tool_choice", f"{wanted} is not supported: rldojo serve has no "
-                                          "constrained decoding; use 'auto' or 'none'")  # fmt: skip
+        message = (f"{wanted} is not supported: rldojo serve has no constrained decoding; "
+                   "use 'auto' or 'none'")  # fmt: skip
+        return bad_request("tool_choice", message, "unsupported_value")
     return None
 
 

@@ -8,9 +8,11 @@ syntax rldojo's environments teach (``<tools>`` JSON lines, calls in ``<tool_cal
 tags, results in ``<tool_response>`` tags; `rldojo.envs.tools.tools_prompt`).
 
 The conversation so far arrives in OpenAI's shape and is turned into plain text messages
-the template takes: an assistant message's `tool_calls` become ``<tool_call>`` JSON in
-its content (what the model wrote), a ``tool`` message keeps its content (wrapped in
-``<tool_response>`` tags when the template does not render tool turns itself).
+the template takes: an assistant message's `tool_calls` become ``<tool_call>`` JSON after
+its content, one a line (`assistant_text`: what the model wrote, as the environments'
+experts write it; `rldojo sft` reads OpenAI-style demonstrations through it too), a
+``tool`` message keeps its content (wrapped in ``<tool_response>`` tags when the template
+does not render tool turns itself).
 
 Out: `split_tool_calls` reads the reply with the environments' own parser
 (`rldojo.inference.tool_calls.parse_turn`) into OpenAI `tool_calls` (arguments as a JSON
@@ -31,6 +33,7 @@ from rldojo.types import Message
 
 __all__ = [
     "TOOL_CALL_OPEN",
+    "assistant_text",
     "encode_with_tools",
     "split_tool_calls",
     "template_renders_tools",
@@ -53,6 +56,14 @@ def tool_call_text(name: str, arguments: Any) -> str:
             pass  # kept as the string the client sent
     body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}{body}</tool_call>"
+
+
+def assistant_text(content: str | None, calls: Sequence[tuple[str, Any]]) -> str:
+    """An assistant turn of OpenAI's shape as the model wrote it: its content, then each
+    ``(name, arguments)`` call as `tool_call_text`, one a line (`split_tool_calls` reads
+    it back)."""
+    texts = [tool_call_text(name, arguments) for name, arguments in calls]
+    return "\n".join([content, *texts] if content else texts)
 
 
 def tools_system_prompt(tools: Sequence[dict[str, Any]]) -> str:

@@ -62,8 +62,9 @@ class CompletionIn(BaseModel):
     model: str
     prompt: str | list[str] | list[int] | list[list[int]]
     """Text, texts, token ids, or lists of token ids; each prompt gets `n` choices."""
-    max_tokens: int | None = Field(16, ge=0, le=8192)
-    """0 only with `echo`: the prompt is scored, nothing generated."""
+    max_tokens: int | None = Field(16, ge=0)
+    """0 only with `echo`: the prompt is scored, nothing generated; bounded by the
+    engine's context window (`invalid_value` past it)."""
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=16)
@@ -94,17 +95,21 @@ def invalid_completion(body: CompletionIn) -> JSONResponse | None:
     """What the schema cannot say: empty prompts, fields valid alone but not together,
     and the fields this server does not support (see the module docstring)."""
     if body.prompt == [] or any(p == [] for p in body.prompts()):
-        return bad_request("prompt", "must not be empty")
+        return bad_request("prompt", "must not be empty", "empty_array")
     if body.max_tokens == 0 and not body.echo:
-        return bad_request("max_tokens", "0 is only allowed with echo (to score the prompt)")
+        message = "0 is only allowed with echo (to score the prompt)"
+        return bad_request("max_tokens", message, "integer_below_min_value")
     if body.suffix:
-        return bad_request("suffix", "not supported: rldojo serve does not insert text")
+        message = "not supported: rldojo serve does not insert text"
+        return bad_request("suffix", message, "unsupported_parameter")
     if body.best_of is not None and body.best_of not in (1, body.n):
-        return bad_request("best_of", "not supported: only best_of = 1 or n (no ranking)")
+        message = "not supported: only best_of = 1 or n (no ranking)"
+        return bad_request("best_of", message, "unsupported_value")
     if body.stream_options is not None and not body.stream:
         return bad_request("stream_options", "stream_options is only allowed when stream is true")
     if body.stream and body.echo and body.logprobs is not None:
-        return bad_request("stream", "echo with logprobs is not streamed: ask with stream false")
+        message = "echo with logprobs is not streamed: ask with stream false"
+        return bad_request("stream", message, "unsupported_value")
     return None
 
 

@@ -20,7 +20,11 @@ threads, to the HTTP response while the batch is still decoding.
 
 The model: a built-in name, a model directory, or a checkpoint directory of an rldojo
 run; a LoRA checkpoint (adapter files only) is loaded onto its base and merged at load
-time (`load_served_model`), so it decodes as fast as a merged export.
+time (`load_served_model`), so it decodes as fast as a merged export. Its context window
+(`max_model_len`) and chat template may be set (`rldojo.inference.serve_options`); a
+request past the window is refused before it queues (`_check_length`): `max_tokens`
+beyond the whole window is `invalid_value`, a prompt + `max_tokens` that overflow it
+`context_length_exceeded`.
 
 `ScriptedEngine` (`rldojo.inference.scripted`) and the protocol's types are importable
 from here too.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -58,6 +63,11 @@ from rldojo.inference.protocol import (
     TokenEvent,
 )
 from rldojo.inference.scripted import ScriptedEngine, bag_of_letters
+from rldojo.inference.serve_options import (
+    check_max_model_len,
+    context_window,
+    load_chat_template,
+)
 from rldojo.inference.token_stream import ChoiceStreams, stream_hook, when_all_done
 from rldojo.types import Completion, SamplingParams
 
@@ -101,6 +111,10 @@ class TransformersEngine:
         batch_window_s: how long the worker waits for more requests to join a batch
             (`rldojo.inference.batching`).
         model, tokenizer: an already loaded pair (then `model_name` only names it).
+        max_model_len: the context window allowed (prompt + completion); None: the
+            model's `max_position_embeddings`. More than that is a `ServeOptionError`.
+        chat_template: a Jinja chat template, or a file holding one, replacing the
+            tokenizer's (a tokenizer passed in is copied, not changed).
     """
 
     def __init__(
@@ -112,6 +126,8 @@ class TransformersEngine:
         batch_window_s: float = 0.005,
         model: Any = None,
         tokenizer: Any = None,
+        max_model_len: int | None = None,
+        chat_template: str | None = None,
     ) -> None:
         import torch
 
@@ -119,15 +135,23 @@ class TransformersEngine:
 
         if dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype must be auto, bfloat16 or float32, got {dtype!r}")
+        if max_model_len is not None:  # what can be told before the model loads
+            check_max_model_len(max_model_len)
+        template = load_chat_template(chat_template) if chat_template is not None else None
         if model is None:
             model, tokenizer = load_served_model(model_name)
+        elif template is not None:  # others may share the tokenizer passed in
+            tokenizer = copy.deepcopy(tokenizer)
+        if template is not None:
+            tokenizer.chat_template = template
+        positions = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        self.context = context_window(positions, max_model_len)
+        """Most tokens a sequence may hold (prompt + completion); 0: unknown."""
         gen_dtype = {"bfloat16": torch.bfloat16, "float32": None}.get(dtype, "auto")
         self.model = model_name
         self.policy = TransformersPolicy(model, tokenizer, generation_dtype=gen_dtype)
         self._gen_model = self.policy._gen_model
         self.tokenizer = tokenizer
-        self.context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-        """Most tokens a sequence may hold (prompt + completion); 0: unknown."""
         self.queue = JobQueue(max_batch, batch_window_s)
         self.batches: list[int] = []
         """Sequences per decoded batch, for tests and throughput notes."""
@@ -203,13 +227,26 @@ class TransformersEngine:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _chat_job(self, request: ChatRequest) -> Job:
-        prompt = encode_with_tools(self.tokenizer, request.messages, request.tools)
-        self._check_length(prompt, request.max_tokens, "messages")
+        prompt = self._chat_prompt(request)
+        if request.max_tokens_default and self.context:  # as much as the window leaves
+            fits = max(1, min(request.max_tokens, self.context - len(prompt)))
+            request = replace(request, max_tokens=fits)
+        self._check_length(prompt, request.max_tokens, "messages", request.max_tokens_field)
         sampling = _sampling(request)
         job = Job("chat", concurrent.futures.Future(), prompt, request.n, sampling)
         if request.logprobs:
             job.top_logprobs = request.top_logprobs
         return job
+
+    def _chat_prompt(self, request: ChatRequest) -> list[int]:
+        """The conversation's prompt ids; a chat template that refuses it (its
+        ``raise_exception``) is the request's fault."""
+        import jinja2
+
+        try:
+            return encode_with_tools(self.tokenizer, request.messages, request.tools)
+        except jinja2.TemplateError as exc:
+            raise RequestError("messages", f"the chat template refused them: {exc}") from None
 
     def _completion_jobs(self, request: CompletionRequest) -> list[Job]:
         sampling = _sampling(request)
@@ -229,17 +266,27 @@ class TransformersEngine:
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
             return list(ids) or [int(self.tokenizer.eos_token_id)]
         if not prompt:
-            raise RequestError("prompt", "a token-id prompt is empty")
+            raise RequestError("prompt", "a token-id prompt is empty", "empty_array")
         vocab = len(self.tokenizer)
         if bad := [t for t in prompt if not 0 <= t < vocab]:
             raise RequestError("prompt", f"token id {bad[0]} is outside the vocabulary "
                                          f"(0..{vocab - 1})")  # fmt: skip
         return list(prompt)
 
-    def _check_length(self, prompt: list[int], max_tokens: int, param: str) -> None:
-        if self.context and len(prompt) + max_tokens > self.context:
-            where = param if len(prompt) >= self.context else "max_tokens"
-            message = (f"{len(prompt)} prompt tokens + max_tokens {max_tokens} exceed the "
+    def _check_length(
+        self, prompt: list[int], max_tokens: int, param: str, limit: str = "max_tokens"
+    ) -> None:
+        """Refuse what the context window cannot hold; `param` names the prompt's field,
+        `limit` the field `max_tokens` came from."""
+        if not self.context:
+            return
+        if max_tokens > self.context:  # no prompt makes it fit
+            message = (f"{max_tokens} is too large: this model supports at most "
+                       f"{self.context} completion tokens (its context length)")  # fmt: skip
+            raise RequestError(limit, message, code="invalid_value")
+        if len(prompt) + max_tokens > self.context:
+            where = param if len(prompt) >= self.context else limit
+            message = (f"{len(prompt)} prompt tokens + {limit} {max_tokens} exceed the "
                        f"model's context of {self.context} tokens")  # fmt: skip
             raise RequestError(where, message, code="context_length_exceeded")
 

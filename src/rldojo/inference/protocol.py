@@ -46,9 +46,9 @@ def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
 
 class RequestError(ValueError):
     """A request the engine cannot serve; `param` names the request field at fault, `code`
-    is OpenAI's error code where it has one (`context_length_exceeded`)."""
+    is OpenAI's error code (`context_length_exceeded`, `empty_array`, `invalid_value`)."""
 
-    def __init__(self, param: str, message: str, code: str | None = None) -> None:
+    def __init__(self, param: str, message: str, code: str = "invalid_value") -> None:
         super().__init__(message)
         self.param = param
         self.code = code
@@ -73,6 +73,12 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()
     """OpenAI function schemas the model may call (`rldojo.inference.chat_tools` renders
     them into the prompt); empty: no tools, or `tool_choice: "none"`."""
+    max_tokens_field: str = "max_tokens"
+    """The request field `max_tokens` came from (or `max_completion_tokens`), which a
+    length error names."""
+    max_tokens_default: bool = False
+    """The client named no limit: `max_tokens` is the server's default, which an engine
+    shortens to what its context window leaves after the prompt."""
 
 
 @dataclass(frozen=True)

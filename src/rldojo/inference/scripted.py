@@ -98,7 +98,9 @@ class ScriptedEngine:
         echoes: list[PromptEcho] = []
         for prompt in request.prompts:
             if not isinstance(prompt, str):
-                raise RequestError("prompt", "token-id prompts need a model with a tokenizer")
+                raise RequestError(
+                    "prompt", "token-id prompts need a model with a tokenizer", "unsupported_value"
+                )
             if request.max_tokens == 0:
                 choices += [ChatChoice("", "length", 0)] * request.n
             else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -42,10 +43,26 @@ __all__ = [
 ]
 
 
-def make_engine(model: str | ChatEngine, *, dtype: str = "auto", max_batch: int = 16) -> ChatEngine:
-    """An engine for a model name (loaded with transformers), or `model` itself."""
+def make_engine(
+    model: str | ChatEngine,
+    *,
+    dtype: str = "auto",
+    max_batch: int = 16,
+    max_model_len: int | None = None,
+    chat_template: str | None = None,
+) -> ChatEngine:
+    """An engine for a model name (loaded with transformers), or `model` itself (which
+    then has its own context window and chat template)."""
     if isinstance(model, str):
-        return TransformersEngine(model, dtype=dtype, max_batch=max_batch)
+        return TransformersEngine(
+            model,
+            dtype=dtype,
+            max_batch=max_batch,
+            max_model_len=max_model_len,
+            chat_template=chat_template,
+        )
+    if max_model_len is not None or chat_template is not None:
+        raise ValueError("max_model_len and chat_template are set on the engine passed in")
     return model
 
 
@@ -95,19 +112,26 @@ def start_server(
     start_timeout_s: float = 60.0,
     served_model_name: str | None = None,
     api_key: str | None = None,
+    max_model_len: int | None = None,
+    chat_template: str | None = None,
+    request_log: Callable[[str], Any] | None = None,
 ) -> ServerHandle:
     """Serve `model` (a name or an engine) in a daemon thread; port 0 picks a free port.
     The port is bound before the model loads: a port in use costs no load.
     `served_model_name`: the name clients use (default: the model's); `api_key`: the
-    bearer token every /v1 request must carry (None: none asked)."""
+    bearer token every /v1 request must carry (None: none asked); `max_model_len`,
+    `chat_template`: the context window and chat template of a model loaded by name
+    (`TransformersEngine`); `request_log`: gets one line per request (None: none)."""
     sock = bind_port(host, port)
     try:
-        engine = make_engine(model, dtype=dtype, max_batch=max_batch)
+        engine = make_engine(model, dtype=dtype, max_batch=max_batch,
+                             max_model_len=max_model_len, chat_template=chat_template)  # fmt: skip
     except BaseException:
         sock.close()
         raise
     try:
-        app = build_app(engine, served_model_name=served_model_name, api_key=api_key)
+        app = build_app(engine, served_model_name=served_model_name, api_key=api_key,
+                        request_log=request_log)  # fmt: skip
         server, thread, bound_port = start_in_thread(
             app, host, port, start_timeout_s=start_timeout_s, sock=sock
         )
@@ -128,11 +152,14 @@ def serve_forever(
     on_ready: Callable[[ServerHandle], None] | None = None,
     served_model_name: str | None = None,
     api_key: str | None = None,
+    max_model_len: int | None = None,
+    chat_template: str | None = None,
+    request_log: Callable[[str], Any] | None = None,
 ) -> None:
     """Serve until interrupted (what `rldojo serve` runs); `on_ready` gets the handle
-    once the port is bound (port 0 picks a free one). `served_model_name`, `api_key`: as
-    for `start_server`."""
-    handle = start_server(
-        model, host, port, dtype=dtype, served_model_name=served_model_name, api_key=api_key
-    )
+    once the port is bound (port 0 picks a free one). The other options: as for
+    `start_server`."""
+    handle = start_server(model, host, port, dtype=dtype, served_model_name=served_model_name,
+                          api_key=api_key, max_model_len=max_model_len,
+                          chat_template=chat_template, request_log=request_log)  # fmt: skip
     run_until_stopped(handle, on_ready)

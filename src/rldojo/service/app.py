@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from rldojo.inference.protocol import RequestError
 from rldojo.service.api_jobs import jobs_router
 from rldojo.service.api_models import EngineCache, models_router
 from rldojo.service.errors import ApiError, error_body
@@ -73,6 +74,11 @@ def build_service(settings: ServiceSettings) -> Service:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestError)  # the engine refused it (e.g. past its context)
+    async def _refused(_: Request, exc: RequestError) -> JSONResponse:
+        body = error_body(400, f"{exc.param}: {exc}", exc.param, exc.code)
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
