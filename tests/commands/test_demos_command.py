@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rldojo.cli import app
+from rldojo.commands.demos import _rows
 from rldojo.envs.experts import expert_for
 from rldojo.envs.registry import make_env
 from rldojo.inference.engine import ScriptedEngine
@@ -81,6 +82,11 @@ def test_teacher_demos_through_an_endpoint(tmp_path):
         (["crm-v1", "--env-kwargs", '{"levels": [9]}'], ["levels"]),
         (["crm-v1", "--keep", "some"], ["--keep must be 'passed' or 'all'"]),
         (["crm-v1", "--teacher", "http://127.0.0.1:1/v1"], ["#model-name"]),
+        (["crm-v1", "--format", "chatml"], ["--format must be 'text' or 'openai'"]),
+        (
+            ["crm-v1", "--format", "openai", "--keep", "all"],
+            ["cannot keep failed", "--keep passed"],
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, needles):
@@ -152,7 +158,7 @@ def _config(tmp_path, text: str) -> str:
          ["c.toml: env.kwargs: crm-v1: levels must be"]),
         ('[env]\nid = "crm-v9"\n', [], ["c.toml: unknown environment 'crm-v9'"]),
         ('[env]\nid = "crm-v1"\n', ["--set", "env.kwags={}"],
-         ["c.toml + --set: env.kwags: unknown key (did you mean kwargs?)"]),
+         ["--set env.kwags: unknown key (did you mean kwargs?)"]),
         ('[env]\nmix = [{ id = "crm-v1" }, { id = "arith-tools-v1" }]\n', [],
          ["c.toml: env.mix: rldojo demos plays one environment"]),
     ],
@@ -169,3 +175,44 @@ def test_a_config_error_is_one_line_naming_the_config(tmp_path, text, extra, nee
 def test_set_needs_a_config(tmp_path):
     result = runner.invoke(app, ["demos", "crm-v1", "--set", "env.kwargs.levels=[1]"])
     _one_line_error(result, "--set needs a CONFIG.toml")
+
+
+@pytest.mark.slow  # tiny-random
+def test_openai_demos_train_on_the_same_tokens_as_text_demos(tmp_path, tiny):
+    from rldojo.training.batch import build_token_batch
+    from rldojo.training.demo_data import read_demos, tokenize_demos
+
+    files = {form: tmp_path / f"{form}.jsonl" for form in ("text", "openai")}
+    for form, out in files.items():
+        kwargs = '{"levels": [3, 4]}'
+        args = ["demos", "crm-v1", "--n", "2", "--env-kwargs", kwargs, "--format", form]
+        result = runner.invoke(app, [*args, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+    assert "as text" not in result.output  # every expert turn became tool_calls
+    rows = [json.loads(line) for line in files["openai"].read_text().splitlines()]
+    assert len(rows) == 2 and all(set(r) == {"messages", "tools"} for r in rows)
+    calls = [m["tool_calls"] for r in rows for m in r["messages"] if "tool_calls" in m]
+    assert max(map(len, calls)) == 2  # turns with two calls (levels 3 and 4)
+    answered = [m["tool_call_id"] for r in rows for m in r["messages"] if m["role"] == "tool"]
+    assert answered == [c["id"] for turn in calls for c in turn]  # each call, once, in order
+    tokenizer = tiny[1]
+    text, openai = (
+        build_token_batch(tokenize_demos(read_demos(f)[0], tokenizer, max_seq_len=8192).rollouts, 0)
+        for f in files.values()
+    )
+    assert text.input_ids.shape[1] > 1000  # whole episodes, system prompt included
+    assert text.prompt_len == openai.prompt_len
+    for name in ("input_ids", "attention_mask", "completion_ids", "policy_mask"):
+        assert getattr(text, name).equal(getattr(openai, name)), name
+
+
+def test_openai_rows_count_the_turns_that_keep_their_calls_as_text():
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    turns = [("user", "go"), ("assistant", call), ("tool", "1"),
+             ("assistant", f"So {call} ok"), ("tool", "1"), ("assistant", "done")]  # fmt: skip
+    messages = [{"role": role, "content": content} for role, content in turns]
+    record = {"messages": messages, "tools": None, "passed": True}
+    assert _rows([record], "text") == ([record], 0)
+    (row,), as_text = _rows([record], "openai")
+    assert as_text == 1 and row["messages"][3]["content"] == f"So {call} ok"
+    assert row["messages"][1]["tool_calls"][0]["id"] == "call_0_0"

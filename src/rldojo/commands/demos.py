@@ -4,7 +4,7 @@
                  [--expert ID|pkg.module:factory]
                  [--teacher http://host:port/v1#model] [--samples K] [--temperature 0.7]
                  [--max-new-tokens 256] [--keep passed|all] [--api-key KEY]
-                 [--from-answers]
+                 [--from-answers] [--format text|openai]
     rldojo demos CONFIG.toml --n N --out demos.jsonl [--set env.kwargs.levels=[1]]
 
 ENV is an environment id, or the TOML config that `rldojo sft` and `rldojo train` read:
@@ -17,10 +17,13 @@ names (an installed expert's id from `rldojo plugins`, or ``pkg.module:factory``
 to `--samples` attempts per task); with `--from-answers`, each task's own reference
 answer is the reply (`AnswerActor`: a cold start for any env whose tasks carry `answer`),
 graded like any other, so only answers the env's grader passes are kept. Each line is
-one demo record (`rldojo.rollout.demos`); the file is replaced in one step when the
-collection is done. Bad input (unknown env, an env without an expert, bad `--env-kwargs`
-or config, an `--out` that cannot be written) is one line, before any episode; an error in
-the config's env names the config file.
+one demo record (`rldojo.rollout.demos`), or with `--format openai` only its messages in
+OpenAI's tool-calling shape and its tools (`rldojo.rollout.openai_demos`: what OpenAI's
+fine-tuning and TRL's SFTTrainer read; it cannot mark failed attempts, so it refuses
+`--keep all`); the file is replaced in one step when the collection is done. Bad input
+(unknown env, an env without an expert, bad `--env-kwargs` or config, an `--out` that
+cannot be written) is one line, before any episode; an error in the config's env names
+the config file.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from typing import Annotated, Any
 import typer
 
 from rldojo.commands.ui import parse_env_kwargs
+
+FORMAT_HELP = (
+    "text: demo records, calls as the model wrote them; openai: OpenAI's fine-tuning "
+    "lines (tool_calls, tool_call_id, tools)"
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -73,6 +81,22 @@ def _check_out(out: Path) -> None:
             pass
     except OSError as exc:
         raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _rows(records: list[dict[str, Any]], form: str) -> tuple[list[dict[str, Any]], int]:
+    """The lines to write in `form`, and how many assistant turns kept their calls as
+    text (``openai``: a turn `openai_record` cannot give back exactly)."""
+    if form == "text":
+        return records, 0
+    from rldojo.rollout.openai_demos import openai_record
+
+    rows = [openai_record(r) for r in records]
+    as_text = sum(
+        m["role"] == "assistant" and "<tool_call>" in (m["content"] or "")
+        for row in rows
+        for m in row["messages"]
+    )
+    return rows, as_text
 
 
 def _write_jsonl(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -197,9 +221,10 @@ def demos(
     from_answers: Annotated[
         bool, typer.Option(help="Reply with each task's reference answer (a cold start)")
     ] = False,
+    format_: Annotated[str, typer.Option("--format", help=FORMAT_HELP)] = "text",
 ) -> None:
     """Play an env with its expert (or a teacher endpoint) and write graded demos as JSONL."""
-    from rldojo.commands.ui import console, fail, user_errors
+    from rldojo.commands.ui import fail, user_errors
     from rldojo.envs.registry import EnvKwargsError, UnknownEnvError
 
     o = dict(locals())
@@ -215,15 +240,32 @@ def demos(
         in_config = source is not None and isinstance(exc, (EnvKwargsError, UnknownEnvError))
         fail(f"{source}: {exc}" if in_config else str(exc))
         return
-    _write_jsonl(out, records)
-    played = f"teacher:{teacher.partition('#')[2]}" if teacher else "expert"
-    _print(console, o, stats.as_dict(), AnswerActor.source if from_answers else played)
+    _save(o, records, stats.as_dict())
+
+
+def _save(o: dict[str, Any], records: list[dict[str, Any]], stats: dict[str, Any]) -> None:
+    """Write the demos in the chosen format and say what was played and kept."""
+    from rldojo.commands.ui import console
+
+    rows, as_text = _rows(records, o["format_"])
+    _write_jsonl(o["out"], rows)
+    played = f"teacher:{o['teacher'].partition('#')[2]}" if o["teacher"] else "expert"
+    _print(console, o, stats, AnswerActor.source if o["from_answers"] else played)
+    if as_text:
+        console.print(f"{as_text} assistant turns kept their tool calls as text (a call amid "
+                      "prose, a broken tag): rldojo sft reads them as written; OpenAI's "
+                      "fine-tuning wants tool_calls")  # fmt: skip
 
 
 def _check_options(o: dict) -> None:
     """One-line `ValueError`s for options that cannot go together, before anything plays."""
     if o["keep"] not in ("passed", "all"):
         raise ValueError(f"--keep must be 'passed' or 'all', got {o['keep']!r}")
+    if o["format_"] not in ("text", "openai"):
+        raise ValueError(f"--format must be 'text' or 'openai', got {o['format_']!r}")
+    if o["format_"] == "openai" and o["keep"] == "all":
+        raise ValueError("--format openai writes no 'passed' mark, so it cannot keep failed "
+                         "attempts: use --keep passed, or --format text")  # fmt: skip
     if o["n"] < 1 or o["samples"] < 1 or o["max_turns"] < 1:
         raise ValueError("--n, --samples and --max-turns must be >= 1")
     if sum(map(bool, (o["expert"], o["teacher"], o["from_answers"]))) > 1:

@@ -22,6 +22,8 @@ One demo record (one JSON line; the SFT data reader depends on these keys):
 ending with the final assistant turn. `status` is the rollout's status when it failed
 (`env_error`, `timeout`, `policy_error`, `truncated`), else ``grade_<status>`` when the
 grader failed, else ``ok``.
+
+`rldojo.rollout.openai_demos` writes these records in OpenAI's tool-calling shape.
 """
 
 from __future__ import annotations
