@@ -13,7 +13,10 @@ from chat_stub import ChatStub
 from tiny_config import tiny_overrides
 from typer.testing import CliRunner
 
+import rldojo
+from rldojo.api.runs import as_config, with_reward
 from rldojo.cli import app
+from rldojo.config import dump_config
 
 pytestmark = pytest.mark.slow  # trains and evaluates tiny-random; an HTTP stand-in
 
@@ -32,6 +35,10 @@ def test_eval_samples_compare_perturb_noise_and_report(tmp_path):
     ]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+    # each evaluation shows how far it got (3 tasks x 2 samples; a log: start and end)
+    for label in ("tiny-random", "template=qa"):
+        assert f"evaluating {label}: 0/6\n" in result.stdout
+        assert f"evaluating {label}: 6/6\n" in result.stdout
     data = json.loads(out.read_text())
     assert data["samples"] == 2 and data["temperature"] == 0.7
     assert {"pass@1", "pass@2", "avg@2", "maj@2", "reward"} == set(data["metrics"])
@@ -93,14 +100,22 @@ def test_eval_max_turns_bounds_each_episode(tmp_path, max_turns):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         out = tmp_path / "e.json"
+        url = f"http://127.0.0.1:{server.server_port}/v1#stub"
         args = [
-            "eval", "--model", f"http://127.0.0.1:{server.server_port}/v1#stub",
+            "eval", "--model", url,
             "--env", "arith-tools-v1", "--env-kwargs", '{"python": "off"}', "--tasks", "2",
             "--max-turns", str(max_turns), "--out", str(out),
         ]  # fmt: skip
         result = runner.invoke(app, args)
         assert result.exit_code == 0, result.output
         assert len(_ToolCaller.seen) == 2 * max_turns  # every episode cut at its limit
+        # progress per turn: "evaluating URL: 2/2", "evaluating URL, turn 2: 2/2", ...
+        shown = [x for x in result.stdout.splitlines() if x.startswith("evaluating ")]
+        ends = [
+            f"evaluating {url}{f', turn {t}' if t > 1 else ''}: 2/2"
+            for t in range(1, max_turns + 1)
+        ]
+        assert [x for x in shown if x.endswith(": 2/2")] == ends
         data = json.loads(out.read_text())
         assert data["accuracy"] == 0.0
         # --out keeps each sample's whole episode: every call and the calculator's result
@@ -136,8 +151,16 @@ def _train(tmp_path, *extra: str):
     return tmp_path / "run"
 
 
+HALF_MARKS = (
+    'grader.spec={type="multi", name="half", calculate_output="0.5 * a", graders={a={'
+    'type="string_check", name="a", operation="ne", input="{{sample.output_text}}", '
+    'reference="~"}}}'
+)
+"""A grader spec giving every completion 0.5: it passes at the run's threshold of 0.5 only."""
+
+
 def test_eval_of_a_run_directory_takes_its_newest_checkpoint_env_and_limits(tmp_path):
-    run = _train(tmp_path)
+    run = _train(tmp_path, "eval.tasks=3", HALF_MARKS, "grader.pass_threshold=0.5")
     out = tmp_path / "e.json"
     result = runner.invoke(app, ["eval", "--model", str(run), "--tasks", "2", "--out", str(out),
                                  "--compare", str(run)])  # fmt: skip
@@ -156,6 +179,20 @@ def test_eval_of_a_run_directory_takes_its_newest_checkpoint_env_and_limits(tmp_
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["env_kwargs"] == {"levels": [1]}
     assert "max_new_tokens 2, max_turns 2" in result.stdout
+    # without flags, the CLI and the API both repeat the run's "after" evaluation: its
+    # eval.tasks, seed, grader spec and pass threshold
+    result = runner.invoke(app, ["eval", "--model", str(run), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    cli, api = json.loads(out.read_text()), rldojo.evaluate(run)
+    after = json.loads((run / "summary.json").read_text())["evals"]["after"]
+    assert (len(cli["rows"]), cli["accuracy"]) == (api.n, api.accuracy) == (3, 1.0)
+    assert (after["n"], after["accuracy"]) == (3, 1.0)
+    assert [r["task_id"] for r in cli["rows"]] == [r["task_id"] for r in api.rows]
+    given = ["--tasks", "2", "--pass-threshold", "0.6"]  # a flag wins, as an argument does
+    result = runner.invoke(app, ["eval", "--model", str(run), "--out", str(out), *given])
+    assert result.exit_code == 0, result.output
+    cli, api = json.loads(out.read_text()), rldojo.evaluate(run, n=2, pass_threshold=0.6)
+    assert (len(cli["rows"]), cli["accuracy"]) == (api.n, api.accuracy) == (2, 0.0)
 
 
 def test_eval_of_a_lora_run_merges_its_adapter(tmp_path):
@@ -177,3 +214,32 @@ def test_eval_of_a_run_without_a_checkpoint_is_one_line(tmp_path):
     assert (result.exit_code, result.stdout) == (2, ""), result.output
     assert result.stderr.strip() == (f"error: model {str(run)!r}: a run directory without a "
                                      "checkpoint yet (RUN/checkpoints/step_NNNNNN)")  # fmt: skip
+
+
+def reversed_ok(prompt, completion, answer):
+    """A reward function: a run trained on it records an env only its process knows."""
+    return float(completion.strip() == answer[::-1])
+
+
+def test_eval_of_a_run_on_a_reward_function_says_to_evaluate_it_from_python(tmp_path):
+    rows = [{"prompt": "abc", "answer": "cba"}, {"prompt": "xy", "answer": "yx"}]
+    config = with_reward(as_config({"model": {"name": "tiny-random"}}), reversed_ok, rows, rows)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(dump_config(config))  # what `rldojo.train` records
+    result = runner.invoke(app, ["eval", "--model", str(run)])
+    assert (result.exit_code, result.stdout) == (2, ""), result.output
+    assert result.stderr.strip() == (
+        f"error: {run}: the run trained on a reward function ({config.env.id}), which only the "
+        "Python process that trained it knows; evaluate it from Python: "
+        f"rldojo.evaluate({str(run)!r}, tasks=ROWS, reward=FUNCTION)"
+    )
+    # from Python, in a process that never registered the run's environment
+    (run / "config.toml").write_text('[env]\nid = "reward.gone-v1"\n')
+    with pytest.raises(ValueError) as refused:
+        rldojo.evaluate(run)
+    assert str(refused.value) == (
+        f"{run}: the run trained on a reward function (reward.gone-v1), which only the Python "
+        f"process that trained it knows; evaluate it from Python: rldojo.evaluate({str(run)!r}, "
+        "tasks=ROWS, reward=FUNCTION)"
+    )

@@ -1,13 +1,16 @@
 """`evaluate` from Python: a model (or a run directory's newest checkpoint) on tasks.
 
-What is evaluated is resolved the way `rldojo eval --model RUN_DIR` resolves it: a run
-directory (one with `config.toml`) stands for its newest checkpoint, and its config gives
-what the call leaves out (`env.id` and `env.kwargs`, the token and turn limits of its
-held-out evaluation, the grader spec and pass threshold, `run.seed`), so
+What is evaluated is resolved the way `rldojo eval --model RUN_DIR` resolves it, from the
+same `rldojo.eval.run_settings`: a run directory (one with `config.toml`) stands for its
+newest checkpoint, and its config gives what the call leaves out (`env.id` and
+`env.kwargs`, its `eval.tasks` held-out tasks, the token and turn limits of its held-out
+evaluation, the grader spec and pass threshold, `run.seed`), so
 
     rldojo.evaluate("runs/quickstart").accuracy
 
-scores the run's last weights as its own "after" evaluation did. The episodes run through
+scores the run's last weights as its own "after" evaluation did. A run on a reward
+function evaluates in the process that trained it, or anywhere with its rows and function
+(`tasks=ROWS, reward=FUNCTION`). The episodes run through
 `rldojo.eval.harness.evaluate`, one greedy sample per task unless `temperature` > 0.
 """
 
@@ -23,13 +26,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rldojo.api.runs import quiet_progress_bars
-from rldojo.config import TrainConfig, load_config
+from rldojo.config import TrainConfig
 from rldojo.envs.base import Env
 from rldojo.envs.function_reward import (
     FunctionGrader,
     FunctionRewardEnv,
     RewardFunction,
     rows_to_tasks,
+)
+from rldojo.eval.run_settings import (
+    FUNCTION_ENV_PREFIX,
+    RunEvalSettings,
+    is_run_dir,
+    run_eval_settings,
 )
 from rldojo.graders.base import Grader
 from rldojo.types import SamplingParams, Task
@@ -71,9 +80,11 @@ def evaluate(
 
     spec, run = _model_and_run(model_or_run_dir)
     target = _target(env, env_kwargs, tasks, grader, reward, run)
-    seed = seed if seed is not None else run.run.seed if run is not None else 0
-    if n is None and target.is_runs and run is not None and run.eval.tasks:
-        n = run.eval.tasks  # the run's own held-out tasks
+    seed = seed if seed is not None else run.seed if run is not None else 0
+    if n is None and target.is_runs and run is not None:
+        n = run.tasks  # the run's own held-out tasks
+    if run is not None:
+        spec = str(run.checkpoint())
     task_list = list(target.tasks) if target.tasks is not None else list(
         target.make().tasks(split, seed=seed, n=n))  # fmt: skip
     task_list = task_list[:n] if n is not None else task_list
@@ -106,21 +117,14 @@ def _outside_running_loop(fn: Callable[[], EvalResult]) -> EvalResult:
 
 def _model_and_run(
     spec: str | os.PathLike[str] | Policy,
-) -> tuple[str | Policy, TrainConfig | None]:
-    """The model spec (a checkpoint for a run directory) and the run's config, if any."""
+) -> tuple[str | Policy, RunEvalSettings | None]:
+    """The model spec and, for a run directory, the run's held-out evaluation (the spec is
+    then replaced by its newest checkpoint, once the env is known to be there)."""
     if not isinstance(spec, str | os.PathLike):
         return spec, None  # a Policy
-    path = Path(spec).expanduser()
-    if not (path / "config.toml").is_file():
+    if not is_run_dir(os.fspath(spec)):
         return os.fspath(spec), None
-    from rldojo.policy.models import ModelLoadError
-    from rldojo.store.checkpoint import latest_checkpoint
-
-    checkpoint = latest_checkpoint(path / "checkpoints")
-    if checkpoint is None:
-        raise ModelLoadError(f"model {str(path)!r}: a run directory without a checkpoint yet "
-                             "(RUN/checkpoints/step_NNNNNN)")  # fmt: skip
-    return str(checkpoint), load_config(path / "config.toml")
+    return os.fspath(spec), run_eval_settings(os.fspath(spec))
 
 
 @dataclass
@@ -141,7 +145,7 @@ EnvSpec = str | Env | Callable[[], Env] | None
 
 def _target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None, tasks: Any,
             grader: Grader | None, reward: RewardFunction | None,
-            run: TrainConfig | None) -> _Target:  # fmt: skip
+            run: RunEvalSettings | None) -> _Target:  # fmt: skip
     if grader is not None and reward is not None:
         raise ValueError("evaluate: pass grader= or reward=, not both")
     replacing = FunctionGrader(reward) if reward is not None else grader
@@ -167,23 +171,23 @@ def _unused(prompt: Any, completion: str) -> float:
 
 
 def _env_target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None,
-                run: TrainConfig | None) -> _Target:  # fmt: skip
+                run: RunEvalSettings | None) -> _Target:  # fmt: skip
     from rldojo.envs.registry import make_env
 
     kwargs = dict(env_kwargs or {})
     if env is None:
         if run is None:
             raise ValueError("evaluate: env= is needed unless the model is a run directory")
-        if run.env.mix:
+        if run.env is None:
             raise ValueError("evaluate: the run trained on several environments (env.mix); "
                              "pick one with env=")  # fmt: skip
-        env = run.env.id
+        env = run.env
     if isinstance(env, str):
-        runs_env = run.env if run is not None and not run.env.mix and env == run.env.id else None
+        runs_env = run if run is not None and env == run.env else None
         if runs_env is not None and env_kwargs is None:
-            kwargs = dict(runs_env.kwargs)
-        if env.startswith("reward."):
-            _check_registered(env)
+            kwargs = dict(runs_env.env_kwargs)
+        if env.startswith(FUNCTION_ENV_PREFIX):
+            _check_registered(env, runs_env)
 
         def make() -> Env:
             return make_env(env, **kwargs)
@@ -204,46 +208,55 @@ def _env_target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None,
     raise TypeError(f"evaluate: env: expected an id, a factory or an Env, got {type(env).__name__}")
 
 
-def _check_registered(env_id: str) -> None:
+def _check_registered(env_id: str, run: RunEvalSettings | None) -> None:
+    """A reward function's env exists only in the process that registered it."""
     from rldojo.envs.registry import list_envs
 
-    if env_id not in list_envs():
-        raise ValueError(f"evaluate: the run trained on a reward function ({env_id}); pass "
-                         "its rows and function: tasks=ROWS, reward=FUNCTION")  # fmt: skip
+    if env_id in list_envs():
+        return
+    if run is not None:
+        raise ValueError(run.function_env_error())
+    raise ValueError(f"evaluate: {env_id} is a reward function's environment, registered "
+                     "only in the process that trained on it; pass its rows and function: "
+                     "tasks=ROWS, reward=FUNCTION")  # fmt: skip
 
 
-def _grader_of_run(target: _Target, run: TrainConfig | None) -> _Target:
+def _grader_of_run(target: _Target, run: RunEvalSettings | None) -> _Target:
     """The run's grader spec (and its pass threshold), when the env is the run's."""
     if run is None or not target.is_runs:
         return target
-    if run.grader.spec is not None:
-        from rldojo.graders import load
-
-        target.grader = load(run.grader.spec)
-        target.threshold = float(getattr(target.grader, "pass_threshold", 1.0))
+    grader = run.grader()
+    if grader is not None:
+        target.grader = grader
+        target.threshold = float(getattr(grader, "pass_threshold", 1.0))
     return target
 
 
-def _threshold(given: float | None, run: TrainConfig | None, target: _Target) -> float:
+def _threshold(given: float | None, run: RunEvalSettings | None, target: _Target) -> float:
     """What passes: the threshold given, else the run's `grader.pass_threshold`, else the
     grader spec's (the run's spec), else 1.0."""
     if given is not None:
         return given
-    if run is not None and run.grader.pass_threshold is not None:
-        return run.grader.pass_threshold
+    if run is not None and run.config.grader.pass_threshold is not None:
+        return run.config.grader.pass_threshold
     return target.threshold
 
 
-def _limits(run: TrainConfig | None, max_new_tokens: int | None,
+def _limits(run: RunEvalSettings | None, max_new_tokens: int | None,
             max_turns: int | None) -> tuple[int, dict[str, Any], float]:  # fmt: skip
     """Tokens per turn, the episode limits and the grading timeout: those given, else the
-    run's held-out evaluation's (`rldojo.training.heldout`), else the config's defaults."""
-    cfg = run if run is not None else TrainConfig()
-    ro = cfg.rollout
-    episode = {"max_turns": max_turns or ro.max_turns, "env_timeout_s": ro.env_timeout_s,
-               "max_episode_tokens": ro.max_episode_tokens}  # fmt: skip
-    max_new = max_new_tokens or cfg.eval.max_new_tokens or cfg.sampling.max_new_tokens
-    return max_new, episode, ro.grade_timeout_s
+    run's held-out evaluation's, else the config's defaults."""
+    if run is None:
+        cfg = TrainConfig()
+        ro = cfg.rollout
+        episode = {"max_turns": ro.max_turns, "env_timeout_s": ro.env_timeout_s,
+                   "max_episode_tokens": ro.max_episode_tokens}  # fmt: skip
+        default_new, grade_timeout_s = cfg.sampling.max_new_tokens, ro.grade_timeout_s
+    else:
+        episode, default_new = dict(run.episode), run.max_new_tokens
+        grade_timeout_s = run.grade_timeout_s
+    episode["max_turns"] = max_turns or episode["max_turns"]
+    return max_new_tokens or default_new, episode, grade_timeout_s
 
 
 def _policy(spec: str | Policy, device: str) -> Policy:

@@ -1,4 +1,5 @@
-"""`rldojo doctor`: what is installed, which device, precision, backends and sandbox work.
+"""`rldojo doctor`: what is installed, which device, precision, backends and sandbox work,
+and which browser web-crm-v1 drives.
 
 `--reprobe` measures the fp32/bf16 matmul probe again before the table and rewrites its
 cache entry (`rldojo.hardware.precision`): for a machine whose cached measurement was
@@ -61,6 +62,7 @@ def _doctor_rows() -> list[tuple[str, str, str]]:
     rows += _precision_rows()
     rows += _backend_rows()
     rows.append(_sandbox_row())
+    rows.append(_chromium_row())
     return rows
 
 
@@ -156,6 +158,20 @@ def _sandbox_row() -> tuple[str, str, str]:
     except Exception as exc:  # doctor reports a broken probe, it does not crash
         return ("sandbox", "error", str(exc))
     return ("sandbox", "ok" if result.strict else "weak", result.summary)
+
+
+def _chromium_row() -> tuple[str, str, str]:
+    """The browser web-crm-v1 would drive, and what named it (`envs.web_crm.chromium`)."""
+    from rldojo.envs.base import EnvUnavailableError
+    from rldojo.envs.web_crm.chromium import find_chromium
+
+    if importlib.util.find_spec("playwright") is None:
+        return ("chromium", "missing", "web-crm-v1 needs Playwright: pip install 'rldojo[web]'")
+    try:
+        found = find_chromium()
+    except EnvUnavailableError as exc:
+        return ("chromium", "missing", f"web-crm-v1: {exc}")
+    return ("chromium", "ok", f"{found.path} ({found.source}; web-crm-v1)")
 
 
 def _reprobe() -> str:

@@ -2,7 +2,7 @@
 
     rldojo eval --model M --env arith-v1 [--samples K] [--compare M2] [--perturb all]
                 [--label-errors FILE] [--out result.json] [--report report.md]
-    rldojo eval --model RUN_DIR [--tasks N]     # its newest checkpoint, env and prompts
+    rldojo eval --model RUN_DIR [--tasks N]     # the run's own held-out evaluation
 
 Reports pass@k (unbiased) for k up to K, avg@K, maj@K and mean reward with task-level
 bootstrap intervals; with `--compare`, the paired difference (paired bootstrap, exact
@@ -10,8 +10,9 @@ McNemar) on the same tasks and seeds; with `--perturb`, the robustness probes
 (`rldojo.eval.perturb`); with `--label-errors`, the noise ceiling (`rldojo.eval.noise`);
 and always the failure modes (`rldojo.eval.failures`). A model is a built-in name, a
 directory or checkpoint (a LoRA adapter is merged into its base), a run directory (its
-newest checkpoint; its env, kwargs and limits unless given: `rldojo.commands.eval_inputs`),
-or an endpoint ``http://host:port/v1#served-model-name``.
+newest checkpoint, evaluated as the run's "after" evaluation was, as `rldojo.evaluate`
+does it: its env and kwargs, tasks, seed, limits, grader spec and pass threshold unless
+given; `rldojo.commands.eval_inputs`), or an endpoint ``http://host:port/v1#name``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -34,6 +36,9 @@ from rldojo.commands.eval_report import (
 from rldojo.types import SamplingParams, Task
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from rldojo.commands.eval_inputs import EvalInputs
     from rldojo.policy.base import Policy
 
 
@@ -50,8 +55,9 @@ def register(app: typer.Typer) -> None:
     app.command("eval")(eval_)
 
 
-def _policy(spec: str, api_key: str | None) -> Policy:
-    """A local model (`TransformersPolicy`) or an endpoint (`OpenAIPolicy`) from a spec."""
+def _policy(spec: str, api_key: str | None, console: Console) -> Policy:
+    """A local model (`TransformersPolicy`) or an endpoint (`OpenAIPolicy`) from a spec;
+    what loading it logs (the one-time GGUF conversion) is printed on `console`."""
     if spec.startswith(("http://", "https://")):
         import os
 
@@ -64,9 +70,12 @@ def _policy(spec: str, api_key: str | None) -> Policy:
     from rldojo.policy.lora import is_adapter_dir, load_merged
     from rldojo.policy.models import load_model
     from rldojo.policy.transformers_backend import TransformersPolicy
+    from rldojo.report.progress import log_lines
 
     path = Path(spec).expanduser()
-    model, tokenizer = load_merged(path) if is_adapter_dir(path) else load_model(spec)
+    say = partial(console.print, soft_wrap=True, markup=False, highlight=False)
+    with log_lines(say, "rldojo.policy.models"):
+        model, tokenizer = load_merged(path) if is_adapter_dir(path) else load_model(spec)
     cache_mb = GenerationConfig().prefix_cache_mb  # multi-turn episodes: reuse the last turn
     return TransformersPolicy(model, tokenizer, prefix_cache_mb=cache_mb)
 
@@ -74,31 +83,35 @@ def _policy(spec: str, api_key: str | None) -> Policy:
 class _Runner:
     """Runs evaluations of one environment on one event loop (grader pools bind to it)."""
 
-    def __init__(
-        self, env_id: str, env_kwargs: dict[str, Any], sampling: SamplingParams, max_turns: int
-    ) -> None:
+    def __init__(self, inputs: EvalInputs, sampling: SamplingParams, console: Console) -> None:
         from rldojo.envs.registry import make_env
 
-        self.make_env = lambda: make_env(env_id, **env_kwargs)
-        self.grader = self.make_env().default_grader()
-        self.sampling, self.episode = sampling, {"max_turns": max_turns}
+        self.make_env = lambda: make_env(inputs.env, **inputs.env_kwargs)
+        self.grader = inputs.grader or self.make_env().default_grader()
+        self.sampling = sampling
+        self.episode = {"max_turns": inputs.max_turns, **inputs.episode}
+        self.grade_timeout_s, self.pass_threshold = inputs.grade_timeout_s, inputs.pass_threshold
         self.loop = asyncio.new_event_loop()
+        self.console = console
 
-    def run(self, policy: Policy, tasks: list[Task], samples: int, seed: int) -> Any:
+    def run(self, policy: Policy, tasks: list[Task], samples: int, seed: int, label: str) -> Any:
+        """`evaluate_samples`; the console shows `evaluating LABEL: done/total` samples."""
         from rldojo.eval.harness import evaluate_samples
+        from rldojo.report.progress import PhaseProgress, with_turn
 
-        return self.loop.run_until_complete(
-            evaluate_samples(
-                self.make_env,
-                self.grader,
-                policy,
-                tasks,
-                self.sampling,
-                samples=samples,
-                seed=seed,
-                episode=self.episode,
-            )
-        )
+        shown = PhaseProgress(self.console)
+        try:
+            return self.loop.run_until_complete(
+                evaluate_samples(
+                    self.make_env, self.grader, policy, tasks, self.sampling,
+                    samples=samples, seed=seed, episode=self.episode,
+                    grade_timeout_s=self.grade_timeout_s, pass_threshold=self.pass_threshold,
+                    progress=lambda turn, done, total: shown.update(
+                        f"evaluating {with_turn(label, turn)}", done, total),
+                )
+            )  # fmt: skip
+        finally:
+            shown.close()
 
 
 def _ks(samples: int, ks: list[int] | None) -> list[int]:
@@ -115,9 +128,30 @@ def _robustness(runner: _Runner, policy: Policy, tasks: list[Task], base: Any, a
     suite = select_suite(args["perturb"], item_from_task(tasks[0]) is not None)
     outcomes = {"baseline": {k: v > 0 for k, v in base.per_task("maj").items()}}
     for p in suite[1:]:
-        result = runner.run(policy, [p.apply(t) for t in tasks], args["samples"], args["seed"])
+        result = runner.run(policy, [p.apply(t) for t in tasks], args["samples"], args["seed"],
+                            p.name)  # fmt: skip
         outcomes[p.name] = {k: v > 0 for k, v in result.per_task("maj").items()}
     return robustness_report(outcomes, n_resamples=args["bootstrap"], seed=args["seed"])
+
+
+_Tasks = Annotated[
+    int | None,
+    typer.Option(help="Tasks of the split to evaluate (default: the run's eval.tasks, else 128)"),
+]
+_MaxTurns = Annotated[
+    int | None, typer.Option(help="Model turns an episode may take (default: the run's, else 8)")
+]
+_Seed = Annotated[
+    int | None, typer.Option(help="Draws the tasks (default: the run's run.seed, else 0)")
+]
+_PassThreshold = Annotated[
+    float | None,
+    typer.Option(
+        help="A sample passes at this score (default: the run's grader.pass_threshold or its "
+        "grader spec's, else 1.0; a grader's `correct` component decides itself)"
+    ),
+]
+"""The options of `rldojo eval` that a run directory answers too (`eval_inputs.OPTIONS`)."""
 
 
 def eval_(
@@ -131,15 +165,12 @@ def eval_(
     env: Annotated[
         str | None, typer.Option(help="Environment id (default: the run's, else arith-v1)")
     ] = None,
-    tasks: Annotated[int, typer.Option(help="Tasks of the split to evaluate")] = 128,
+    tasks: _Tasks = None,
     max_new_tokens: Annotated[
         int | None, typer.Option(help="Default: the run's eval.max_new_tokens, else 48")
     ] = None,
-    max_turns: Annotated[
-        int | None,
-        typer.Option(help="Model turns an episode may take (default: the run's, else 8)"),
-    ] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    max_turns: _MaxTurns = None,
+    seed: _Seed = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -155,7 +186,8 @@ def eval_(
         str | None,
         typer.Option(help="A second model (or run directory), paired on the same tasks"),
     ] = None,
-    split: Annotated[str, typer.Option()] = "test",
+    split: Annotated[str | None, typer.Option(help="Default: the run's (test), else test")] = None,
+    pass_threshold: _PassThreshold = None,
     env_kwargs: Annotated[
         str | None, typer.Option(help="JSON kwargs for the environment (default: the run's)")
     ] = None,
@@ -220,21 +252,22 @@ def _check_models(*specs: str | None) -> None:
             check_model(_check_adapter_base(spec))
 
 
-def _resolve(o: dict[str, Any], console: Any) -> dict[str, Any]:
-    """Fill `o`'s model, env and limits (`eval_inputs.resolve`); the env kwargs."""
-    from rldojo.commands.eval_inputs import is_run_dir, newest_checkpoint, resolve
+def _resolve(o: dict[str, Any], console: Any) -> EvalInputs:
+    """What to evaluate (`eval_inputs.resolve`), also written back into `o` (the model, the
+    env, the tasks, the seed, the limits, the pass threshold) for the reports."""
+    from rldojo.commands.eval_inputs import OPTIONS, is_run_dir, newest_checkpoint, resolve
 
-    inputs = resolve(o["model"], o["env"], o["env_kwargs"], o["max_new_tokens"], o["max_turns"])
-    o |= {"model": inputs.model, "env": inputs.env, "max_new_tokens": inputs.max_new_tokens,
-          "max_turns": inputs.max_turns}  # fmt: skip
+    inputs = resolve(o["model"], o)
+    o |= {"model": inputs.model} | {k: getattr(inputs, k) for k in OPTIONS}
     if is_run_dir(o["compare"]):
         o["compare"] = str(newest_checkpoint(Path(o["compare"]).expanduser()))
     if inputs.run is not None:
         console.print(f"{inputs.run}: {Path(inputs.model).name} on {inputs.env} "
                       f"{json.dumps(inputs.env_kwargs)}, max_new_tokens "
-                      f"{inputs.max_new_tokens}, max_turns {inputs.max_turns}",
-                      soft_wrap=True, highlight=False)  # fmt: skip
-    return inputs.env_kwargs
+                      f"{inputs.max_new_tokens}, max_turns {inputs.max_turns}; {inputs.tasks} "
+                      f"{inputs.split} tasks, seed {inputs.seed}, pass threshold "
+                      f"{inputs.pass_threshold:g}", soft_wrap=True, highlight=False)  # fmt: skip
+    return inputs
 
 
 def _check_adapter_base(spec: str) -> str:
@@ -249,16 +282,17 @@ def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
     from rldojo.envs.registry import make_env
     from rldojo.eval.failures import failures_table, group_failures
 
-    kwargs = _resolve(o, console)
+    inputs = _resolve(o, console)
+    kwargs = inputs.env_kwargs
     _check_models(o["model"], o["compare"])  # both, before evaluating either
     task_list = list(make_env(o["env"], **kwargs).tasks(o["split"], seed=o["seed"], n=o["tasks"]))
     if not task_list:
         raise ValueError(f"{o['env']} has no {o['split']} tasks")
     task_list = task_list[: o["tasks"]]
     sampling = SamplingParams(o["max_new_tokens"], o["temperature"])
-    runner = _Runner(o["env"], kwargs, sampling, o["max_turns"])
-    policy = _policy(o["model"], o["api_key"])
-    result = runner.run(policy, task_list, o["samples"], o["seed"])
+    runner = _Runner(inputs, sampling, console)
+    policy = _policy(o["model"], o["api_key"], console)
+    result = runner.run(policy, task_list, o["samples"], o["seed"], o["model"])
     ks = _ks(o["samples"], o["k"])
     summary = result.summary(ks, n_resamples=o["bootstrap"], seed=o["seed"])
     title = (
@@ -307,7 +341,8 @@ def _compare(
     from rldojo.eval.failures import failures_table, group_failures
     from rldojo.eval.harness import compare_evals
 
-    other = runner.run(_policy(o["compare"], o["api_key"]), tasks, o["samples"], o["seed"])
+    other = runner.run(_policy(o["compare"], o["api_key"], console), tasks, o["samples"],
+                       o["seed"], o["compare"])  # fmt: skip
     other_summary = other.summary(ks, n_resamples=o["bootstrap"], seed=o["seed"])
     console.print(summary_table(f"{o['compare']} on {o['env']}", other_summary))
     c = compare_evals(result, other, n_resamples=o["bootstrap"], seed=o["seed"])

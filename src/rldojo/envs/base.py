@@ -64,6 +64,12 @@ class EpisodeDone(RuntimeError):
     """`step` was called after the episode finished."""
 
 
+class EnvUnavailableError(RuntimeError):
+    """This machine lacks something an environment needs (a browser, a package), so the
+    environment cannot be made here; the config asking for it is fine. The message is one
+    line that says how to get what is missing."""
+
+
 class SingleTurnEnv:
     """Base for environments whose episode is one prompt and one answer.
 

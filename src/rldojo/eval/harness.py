@@ -10,6 +10,9 @@ A task *passes* when its score passes (`components["correct"] == 1` when the gra
 reports correctness, else `value >= pass_threshold`). Grader and rollout failures are
 not wrong answers: they are counted by status and left out of every denominator.
 
+Both take `progress` (`rldojo.rollout.episodes.TurnProgress`): how many of each turn's
+episodes have their answer, as they come (`evaluating before: 64/128` on the console).
+
 Policies: any `rldojo.policy.base.Policy`: the local transformers model, or a text-level
 adapter from `rldojo.policy.adapters` (`OpenAIPolicy` for an OpenAI-compatible endpoint,
 `callable_policy(fn)` for baselines, oracles and tests).
@@ -34,7 +37,7 @@ from rldojo.eval.stats import (
 from rldojo.graders.base import Grader, passed
 from rldojo.graders.rules import extract_answer, normalize_answer
 from rldojo.policy.base import Policy
-from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
+from rldojo.rollout.episodes import TurnProgress, collect_rollouts, grade_rollouts
 from rldojo.types import Rollout, SamplingParams, Score, Task, first_policy_turn
 
 
@@ -80,14 +83,16 @@ async def evaluate(
     grade_timeout_s: float = 30.0,
     pass_threshold: float = 1.0,
     episode: Mapping[str, Any] | None = None,
+    progress: TurnProgress | None = None,
 ) -> EvalResult:
     """Run each task once with `sampling` and summarise the graded results (a task is
     correct when `passed(score, pass_threshold)`). `episode` holds the engine's episode
     limits (`collect_rollouts`' `max_turns`, `max_episode_tokens`, `env_timeout_s`), so
-    an evaluation plays episodes under the same limits as training."""
+    an evaluation plays episodes under the same limits as training; `progress` hears
+    how far each turn got."""
     requests = [(task, 0, seed + i) for i, task in enumerate(tasks)]
     rollouts: list[Rollout] = await collect_rollouts(
-        make_env, policy, requests, sampling, **dict(episode or {})
+        make_env, policy, requests, sampling, progress=progress, **dict(episode or {})
     )
     scores = await grade_rollouts(grader, rollouts, list(tasks), timeout_s=grade_timeout_s)
     ok = [s for s in scores if s.ok]
@@ -248,21 +253,26 @@ async def evaluate_samples(
     seed: int = 0,
     grade_timeout_s: float = 30.0,
     episode: Mapping[str, Any] | None = None,
+    progress: TurnProgress | None = None,
+    pass_threshold: float = 1.0,
 ) -> SampledEval:
     """Run every task `samples` times with `sampling` and keep every grade. `episode`
-    holds the engine's episode limits, as in `evaluate`."""
+    holds the engine's episode limits and `progress` hears each turn's, as in `evaluate`
+    (counting samples); a sample passes when `passed(score, pass_threshold)`."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     requests = [(t, j, seed + i * samples + j) for i, t in enumerate(tasks) for j in range(samples)]
     params = sampling if sampling.seed is not None else replace(sampling, seed=seed)
-    rollouts = await collect_rollouts(make_env, policy, requests, params, **dict(episode or {}))
+    rollouts = await collect_rollouts(
+        make_env, policy, requests, params, progress=progress, **dict(episode or {})
+    )
     scores = await grade_rollouts(
         grader, rollouts, [t for t, _, _ in requests], timeout_s=grade_timeout_s
     )
     results, records = [], []
     for i, task in enumerate(tasks):
         rs, ss = rollouts[i * samples : (i + 1) * samples], scores[i * samples : (i + 1) * samples]
-        oks = [passed(s) for s in ss]
+        oks = [passed(s, pass_threshold) for s in ss]
         records += [_record(task, r, s, ok) for r, s, ok in zip(rs, ss, oks, strict=True)]
         results.append(
             TaskResult(

@@ -24,6 +24,7 @@ from rldojo.envs.web_crm.browser import (
     BrowserSession,
     BrowserTimeout,
 )
+from rldojo.envs.web_crm.chromium import find_chromium
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -48,7 +49,7 @@ def site():
 
 @pytest.fixture(scope="module")
 def pool():
-    pool = BrowserPool(max_contexts=4, action_timeout_s=WAIT_S, executable=CHROMIUM)
+    pool = BrowserPool(max_contexts=4, action_timeout_s=WAIT_S)  # its binary found at launch
     yield pool
     pool.close()
 
@@ -74,6 +75,7 @@ def wait_until(condition, what: str) -> None:
 
 def test_observe_numbers_elements_with_names_values_options_and_rows(pool, site):
     session = opened(pool, site)
+    assert pool.executable == find_chromium().path  # Playwright's own, else the system's
     text = session.observe_sync()
     lines = text.splitlines()
     assert lines[0] == "Page: / — Deals"

@@ -4,7 +4,8 @@ The expert plays one task of every template through the browser and reaches rewa
 an agent's mistakes (a malformed call, an unknown ref, a navigation out of the app, an
 unknown tool) are tool errors the episode survives; a killed browser is the rollout's
 `env_error`, a frozen one its `timeout`, and the next episode runs on a new browser.
-(`check_env` runs on it with every built-in env, in tests/envs/test_check_env.py.)
+(`check_env` runs on it with every built-in env, in tests/envs/test_check_env.py; no
+Playwright or no Chromium is one line, in test_chromium.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 
 import pytest
 
@@ -154,20 +154,3 @@ def test_a_hung_browser_is_timeout_and_the_next_episode_runs(monkeypatch):
     assert first.score is None or first.score.status != "ok"
     assert second.rollout.status == "ok" and second.score.value == 1.0
     assert pool.browser_pid != frozen[0]
-
-
-def test_without_playwright_or_chromium_the_env_says_so_in_one_line(monkeypatch):
-    from rldojo.envs.web_crm import env as env_module
-
-    monkeypatch.setitem(sys.modules, "playwright", None)  # how Python blocks an import
-    line = "env.kwargs: web-crm-v1: Playwright is not installed: pip install 'rldojo[web]'"
-    with pytest.raises(ValueError) as refused:
-        make_env("web-crm-v1")
-    assert str(refused.value) == line
-    monkeypatch.undo()
-    monkeypatch.setattr(env_module.shutil, "which", lambda name: None)
-    with pytest.raises(ValueError) as refused:
-        make_env("web-crm-v1")
-    assert str(refused.value) == (
-        "env.kwargs: web-crm-v1: no Chromium found: apt-get install chromium (Debian)"
-    )

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
-import shutil
 import signal
 import threading
 import uuid
@@ -83,7 +82,8 @@ class BrowserPool:
     episodes' contexts at once (`open` waits for a free slot), opened one at a time.
 
     `action_timeout_s` bounds each action and observation, `executable` is the Chromium
-    binary (default: `chromium` on the PATH), `args` its extra switches (`--no-sandbox`
+    binary (None: `rldojo.envs.web_crm.chromium.find_chromium` at launch, Playwright's own
+    browser asked of the pool's Playwright), `args` its extra switches (`--no-sandbox`
     because the trainer runs as root), `max_lines` the body lines an observation shows.
     """
 
@@ -97,7 +97,7 @@ class BrowserPool:
     ) -> None:
         self.max_contexts = max_contexts
         self.action_timeout_s = action_timeout_s
-        self.executable = executable or shutil.which("chromium") or "/usr/bin/chromium"
+        self.executable = executable
         self.args = list(args)
         self.max_lines = max_lines
         self._thread = _LoopThread()
@@ -222,6 +222,11 @@ class BrowserPool:
             from playwright.async_api import async_playwright
 
             self._playwright = await async_playwright().start()
+        if self.executable is None:
+            from rldojo.envs.web_crm.chromium import find_chromium
+
+            own = self._playwright.chromium.executable_path
+            self.executable = find_chromium(playwright_path=lambda: own).path
         tag = f"--rldojo-browser={uuid.uuid4().hex}"  # marks the process: `_find_pid`
         try:
             self._browser = await self._playwright.chromium.launch(

@@ -23,7 +23,6 @@ the next turn (typed form values are not kept: a snapshot is taken between pages
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import threading
 import weakref
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from rldojo.envs.base import EnvUnavailableError
 from rldojo.envs.crm.data import DB_SIZES, base_snapshot, connect, diff, state_digest
 from rldojo.envs.crm.env import CrmDatabaseKwargs
 from rldojo.envs.crm.grader import CrmGrader, CrmReward
@@ -68,15 +68,17 @@ _POOL: BrowserPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def shared_pool(max_contexts: int = DEFAULT_CONTEXTS) -> BrowserPool:
-    """The process's Chromium pool (one browser, a context per episode), made on first use;
-    it holds at least `max_contexts` contexts at once (the largest any env asked for)."""
+def shared_pool(max_contexts: int = DEFAULT_CONTEXTS, executable: str | None = None) -> BrowserPool:
+    """The process's Chromium pool (one browser, a context per episode), made on first use
+    with `executable` (None: found at launch, `rldojo.envs.web_crm.chromium`; the process
+    keeps the first env's browser); it holds at least `max_contexts` contexts at once (the
+    largest any env asked for)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             from rldojo.envs.web_crm.browser import BrowserPool
 
-            _POOL = BrowserPool(max_contexts=max_contexts)
+            _POOL = BrowserPool(max_contexts=max_contexts, executable=executable)
         _POOL.allow(max_contexts)
         return _POOL
 
@@ -88,12 +90,17 @@ class WebCrmKwargs(CrmDatabaseKwargs):
     """Horizon levels to draw tasks from, a non-empty subset of 1 (a lookup), 2 (an edit
     form), 3 (create forms with a validation error to fix), 4 (several records)."""
     limits: LimitsKwargs | None = None
-    """Per-episode limits (a table); None: max_turns = 24 and the other defaults."""
+    """Per-episode limits (a table); keys left out keep web-crm-v1's: max_turns = 24 and
+    the other defaults."""
     browser_contexts: int = Field(DEFAULT_CONTEXTS, gt=0)
     """Episodes this process holds open at once, one Chromium context each (~70 MiB).
     The rollout engine opens a whole batch before its first turn, so a run's
     `eval.tasks` and `rollout.prompts_per_step` x `group_size` must fit (checked before
     the run starts)."""
+    chromium_path: str | None = None
+    """The Chromium binary to drive (a path, or a command on the PATH). None: the
+    environment variable `RLDOJO_CHROMIUM`, else Playwright's own browser (`playwright
+    install chromium`), else `chromium`, `chromium-browser` or `google-chrome` on the PATH."""
 
 
 class WebCrmEnv(ToolEnv):
@@ -102,6 +109,7 @@ class WebCrmEnv(ToolEnv):
     env_id = ENV_ID
     instructions = INSTRUCTIONS
     Kwargs = WebCrmKwargs
+    default_limits = EpisodeLimits(max_turns=24)
     max_episodes_at_once_key = "browser_contexts"
 
     def __init__(
@@ -113,6 +121,7 @@ class WebCrmEnv(ToolEnv):
         reward: CrmReward | dict[str, Any] | None = None,
         limits: EpisodeLimits | dict[str, Any] | None = None,
         browser_contexts: int = DEFAULT_CONTEXTS,
+        chromium_path: str | None = None,
         **tool_env_kwargs: Any,
     ) -> None:
         levels = tuple(int(x) for x in levels)
@@ -122,14 +131,15 @@ class WebCrmEnv(ToolEnv):
             raise ValueError(f"{ENV_ID}: db_size must be one of {sorted(DB_SIZES)}")
         if isinstance(reward, dict):
             reward = CrmReward(**reward)
-        _check_browser()
+        self.chromium = _check_browser(chromium_path)
         super().__init__(
-            limits=limits or EpisodeLimits(max_turns=24),
+            limits=limits,
             levels=levels,
             db_size=db_size,
             n_databases=n_databases,
             reward=reward,
             browser_contexts=browser_contexts,
+            chromium_path=chromium_path,
             **tool_env_kwargs,
         )
         self.levels, self.db_size, self.n_databases = levels, db_size, n_databases
@@ -173,7 +183,7 @@ class WebCrmEnv(ToolEnv):
             self._server = shared_server().open_session(self.conn)
         if self._browser is None:
             cookie = self._server.cookie
-            pool = shared_pool(self.max_episodes_at_once)
+            pool = shared_pool(self.max_episodes_at_once, self.chromium)
             self._browser = await pool.open(self._server.origin, cookies=[cookie])
             self._finalizer = weakref.finalize(self, _release_dropped, self._browser)
             self._reload = self._path != "/"
@@ -316,12 +326,18 @@ class WebCrmEnv(ToolEnv):
             conn.close()
 
 
-def _check_browser() -> None:
-    """Playwright and a Chromium must be there before any episode (one line if not)."""
+def _check_browser(chromium_path: str | None) -> str:
+    """The Chromium binary to drive (`rldojo.envs.web_crm.chromium`): Playwright and a
+    browser must be there before any episode, else an `EnvUnavailableError` (one line)."""
+    from rldojo.envs.web_crm.chromium import find_chromium
+
     if importlib.util.find_spec("playwright") is None:
-        raise ValueError("Playwright is not installed: pip install 'rldojo[web]'")
-    if shutil.which("chromium") is None and shutil.which("/usr/bin/chromium") is None:
-        raise ValueError("no Chromium found: apt-get install chromium (Debian)")
+        raise EnvUnavailableError(f"{ENV_ID}: Playwright is not installed: pip install "
+                                  "'rldojo[web]'")  # fmt: skip
+    try:
+        return find_chromium(chromium_path).path
+    except EnvUnavailableError as exc:
+        raise EnvUnavailableError(f"{ENV_ID}: {exc}") from None
 
 
 class _NoLock:
