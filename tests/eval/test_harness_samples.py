@@ -25,7 +25,7 @@ def _solve(messages) -> int:
     return int(a) + int(b)
 
 
-def _run(policy, tasks, samples=1, grader=None):
+def _run(policy, tasks, samples=1, grader=None, progress=None):
     env = make_env("arith-v1")
     return asyncio.run(
         evaluate_samples(
@@ -35,6 +35,7 @@ def _run(policy, tasks, samples=1, grader=None):
             tasks,
             SamplingParams(max_new_tokens=8),
             samples=samples,
+            progress=progress,
         )
     )
 
@@ -62,8 +63,12 @@ def test_k_samples_pass_at_k_avg_and_majority():
         answer = _solve(messages) + (0 if calls[key] % 2 == 1 else 1)
         return f"Answer: {answer}"
 
-    result = _run(callable_policy(half_right), tasks, samples=4)
+    heard = []
+    result = _run(callable_policy(half_right), tasks, samples=4,
+                  progress=lambda *turn_done_total: heard.append(turn_done_total))  # fmt: skip
     assert [t.c for t in result.tasks] == [2] * 6
+    # A text policy reports no decode steps: its turn's start and end
+    assert heard == [(1, 0, 24), (1, 24, 24)]
     summary = result.summary((1, 2, 4))
     assert summary["pass@1"].value == pytest.approx(0.5)
     assert summary["pass@2"].value == pytest.approx(1 - 1 / 6)
@@ -173,3 +178,22 @@ def test_openai_policy_against_rldojo_serve_on_the_tiny_model():
         result = _run(policy, tasks, samples=2)
     assert result.statuses() == {"ok": 6}  # a random model is wrong, but every call works
     assert all(isinstance(c, str) for t in result.tasks for c in t.completions)
+
+
+@pytest.mark.slow  # tiny-random
+def test_a_decoding_policy_reports_each_answer_as_it_ends(tiny):
+    import torch
+
+    from rldojo.policy.transformers_backend import TransformersPolicy
+
+    model, tokenizer = tiny
+    policy = TransformersPolicy(model, tokenizer, generation_dtype=None, max_batch=1)
+    heard = []
+    tasks = make_env("arith-v1").tasks("test", n=3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on two shared cores wait on each other
+    try:
+        _run(policy, tasks, progress=lambda *turn_done_total: heard.append(turn_done_total))
+    finally:
+        torch.set_num_threads(threads)
+    assert heard == [(1, 0, 3), (1, 1, 3), (1, 2, 3), (1, 3, 3)]  # one row decodes at a time

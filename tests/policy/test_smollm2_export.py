@@ -1,22 +1,30 @@
 """The SmolLM2 export ends turns in <|im_end|> whatever transformers read from the GGUF
-(5.17 read <|im_start|>), and an export with another end-of-sequence token is redone."""
+(5.17 read <|im_start|>), an export with another end-of-sequence token is redone, and
+the one-time conversion says when it starts and when it is done."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from transformers import AutoTokenizer
 
 from rldojo.policy.models import SMOLLM2_EOS, smollm2_dir
+from rldojo.report.progress import log_lines
 
 pytestmark = pytest.mark.slow  # exports SmolLM2 from its GGUF
 
 
 def test_the_export_ends_turns_in_im_end_and_a_stale_one_is_redone(tmp_path, monkeypatch):
     monkeypatch.setenv("RLDOJO_CACHE", str(tmp_path))
-    target = smollm2_dir()
+    said: list[str] = []
+    with log_lines(said.append, "rldojo.policy.models"):  # as the commands show them
+        target = smollm2_dir()
+        assert smollm2_dir() == target  # exported once: said once
     assert target.is_relative_to(tmp_path)
+    assert said[0] == f"converting SmolLM2-135M-Instruct from GGUF (once; cached in {target})"
+    assert re.fullmatch(r"converted SmolLM2-135M-Instruct in \d+ s", said[1]) and len(said) == 2
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     assert tokenizer.eos_token == tokenizer.pad_token == SMOLLM2_EOS
     # what an older transformers wrote: <|im_start|> as the end-of-sequence token

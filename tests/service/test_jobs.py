@@ -111,6 +111,14 @@ def test_rft_validation_file_is_evaluated_every_interval(service, tmp_path):
     events = client.fine_tuning.jobs.list_events(job.id, limit=100).data
     evals = [e for e in events if e.type == "metrics" and "eval_accuracy" in e.data]
     assert {e.data["step"] for e in evals} >= {0, 1, 2}  # before training, then each step
+    # each phase a user waits through is an event when it starts, in order
+    said = [e.message for e in reversed(events)]  # oldest first
+    phases = [f"Validating training file: {train.id} and validation file: {valid.id}",
+              "Checking the learning signal: 4 prompts x 4 samples", "Loading model tiny-random",
+              "Model and data loaded: training 2 steps", "Evaluating before: 0/2 tasks",
+              "Evaluation at step 0"]  # fmt: skip
+    at = [next(i for i, m in enumerate(said) if m.startswith(p)) for p in phases]
+    assert at == sorted(at), said
     assert all(0.0 <= e.data["eval_accuracy"] <= 1.0 for e in evals)
     table = results(client, done)
     by_step = {r[0]: r for r in table[1:]}

@@ -41,6 +41,12 @@ def test_supervised_job_trains_reports_each_step_and_its_model_serves(service, t
     steps = {e.data["step"]: e for e in events if e.type == "metrics" and "train_loss" in e.data}
     assert sorted(steps) == [1, 2, 3, 4]  # 4 rows / batch 2, two epochs
     assert steps[1].message.startswith("Step 1/4: train loss ")
+    said = [e.message for e in reversed(events)]  # oldest first: the phases before step 1
+    phases = ["Loading model tiny-random and tokenizing the training file",
+              "sft: tokenizing 4 demonstrations from chat.jsonl",  # its name, not where it is
+              "Model and data loaded: training 4 steps", "Step 1/4"]  # fmt: skip
+    at = [next(i for i, m in enumerate(said) if m.startswith(p)) for p in phases]
+    assert at == sorted(at), said
     assert all(e.data["train_loss"] > 0 and e.data["total_steps"] == 4 for e in steps.values())
     (valid_event,) = [e for e in events if "full_valid_loss" in e.data]
     assert valid_event.data["step"] == 4 and valid_event.data["full_valid_loss"] > 0

@@ -3,10 +3,12 @@ never stopped (`metrics.jsonl`), whichever point of the loop the crash hit."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 import torch
+from rich.console import Console
 
 from rldojo.config import load_config
 from rldojo.envs.base import SingleTurnEnv
@@ -90,7 +92,7 @@ def test_a_run_crashed_anywhere_in_the_loop_logs_as_one_never_stopped(tmp_path, 
     run = tmp_path / "crash"
     crashes = [
         # In the evaluation after step 1: it is part of step 1, redone with it.
-        (Trainer, "evaluate", lambda self, label: label == "step_1"),
+        (Trainer, "evaluate", lambda self, label, progress=None: label == "step_1"),
         # In the final checkpoint, after step 2 logged its metrics and evaluations.
         (Trainer, "save", lambda self: self.step_num == 2),
         # After the final checkpoint: the resumed run has nothing left to log.
@@ -109,7 +111,14 @@ def test_a_run_crashed_anywhere_in_the_loop_logs_as_one_never_stopped(tmp_path, 
 def test_eval_before_false_skips_only_the_starting_evaluation(tmp_path):
     cfg = load_config(None, [*TINY, f"run.output_dir={tmp_path}", "run.name=nobefore",
                              "eval.before=false", "eval.every=0", "run.steps=1"])  # fmt: skip
-    run_training(cfg)
+    out = io.StringIO()
+    run_training(cfg, console=Console(file=out, width=200))
+    lines = out.getvalue().splitlines()
+    # the evaluation shows how far it got before its result (a log: the start and the end)
+    shown = [x for x in lines if x.startswith("evaluating ")]
+    assert shown[0] == "evaluating after: 0/2" and shown[-1] == "evaluating after: 2/2"
+    assert lines.index(shown[-1]) < next(
+        i for i, x in enumerate(lines) if x.startswith("held-out accuracy (after)"))  # fmt: skip
     run = tmp_path / "nobefore"
     assert sorted(p.stem for p in (run / "evals").glob("*.jsonl")) == ["after"]
     assert [r["step"] for r in _logged(run) if r.get("kind") == "eval"] == [1]  # "after" only

@@ -170,6 +170,12 @@ def test_sft_lowers_the_loss_on_its_demonstrations_and_writes_a_train_checkpoint
     assert len(warnings) == 1
     assert f"{over} of 6 demonstrations" in warnings[0]
     assert f"sampling.max_new_tokens = {limit}" in warnings[0]
+    lines = out.getvalue().splitlines()
+    assert f"sft: tokenizing 6 demonstrations from {data}" in lines  # before the header
+    assert lines.index(f"sft: tokenizing 6 demonstrations from {data}") < next(
+        i for i, x in enumerate(lines) if x.startswith("rldojo sft"))  # fmt: skip
+    assert any(x.startswith("sft step  12/12 epoch 12/12 loss ") for x in lines)
+    assert any(x.startswith("sft step   1/12 epoch 1/12 loss ") for x in lines)
     precision = summary["precision"]  # the console says what the run chose, as train does
     line = next(x for x in out.getvalue().splitlines() if x.startswith("precision: "))
     assert f"generation {precision['generation_dtype']}, training fp32" in line
@@ -195,8 +201,17 @@ def test_sft_evaluates_before_and_after_on_the_heldout_tasks(tiny, tmp_path):
                              'env.kwargs={levels = [1], python = "off"}', "eval.tasks=3",
                              "eval.before_tasks=2", "eval.max_new_tokens=8", "sft.epochs=1",
                              "run.report_to=[]", "run.threads=1"])  # fmt: skip
-    summary = run_sft(cfg, data, run_dir=tmp_path / "run")
+    out = io.StringIO()
+    summary = run_sft(cfg, data, run_dir=tmp_path / "run", console=Console(file=out, width=200))
     assert set(summary["evals"]) == {"before", "after"}
+    # each evaluation shows how far it got (a plain console: its start and end at least)
+    lines = out.getvalue().splitlines()
+    for label, n in (("before", 2), ("after", 3)):
+        shown = [x for x in lines if x.startswith(f"evaluating {label}: ")]
+        assert shown[0] == f"evaluating {label}: 0/{n}"
+        assert shown[-1] == f"evaluating {label}: {n}/{n}"
+        result = next(x for x in lines if x.startswith(f"held-out accuracy ({label})"))
+        assert lines.index(shown[-1]) < lines.index(result)
     # the base model's evaluation keeps the first eval.before_tasks of the same tasks
     assert summary["evals"]["before"]["n"] == 2 and summary["evals"]["after"]["n"] == 3
     ids = [t.id for t in make_env("arith-tools-v1", levels=[1], python="off").tasks("test", n=3)]

@@ -12,6 +12,11 @@ holds every later token, with `policy_mask` True where the policy wrote it. Samp
 are kept as sampled; an environment turn adds the tokens of the text the chat template
 puts after the assistant's content (see `_env_turn_ids`), so the trainer sees exactly the
 tokens the policy conditioned on.
+
+Progress (`collect_rollouts(progress=...)`, what an evaluation shows while it runs): per
+turn, how many of the turn's episodes have their answer sampled. A policy whose
+`generate` takes `on_step` (the transformers backend) reports each answer as it ends;
+any other, the turn's start and end.
 """
 
 from __future__ import annotations
@@ -20,14 +25,22 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rldojo.envs.base import Env, EnvFactory
 from rldojo.graders.base import Grader
 from rldojo.policy.base import Policy
 from rldojo.types import Completion, Message, Rollout, SamplingParams, Score, Task
 
+if TYPE_CHECKING:
+    from rldojo.policy.sampling import DecodeStep
+
 T = TypeVar("T")
+
+TurnProgress = Callable[[int, int, int], None]
+"""`(turn, done, total)`: of the `total` episodes playing turn `turn` (1, 2, ...), `done`
+have their answer sampled (see the module docstring)."""
 
 
 @dataclass
@@ -194,8 +207,10 @@ async def collect_rollouts(
     env_timeout_s: float = 30.0,
     max_turns: int = 8,
     max_episode_tokens: int | None = None,
+    progress: TurnProgress | None = None,
 ) -> list[Rollout]:
-    """Run one episode per `(task, sample_index, seed)` and return their rollouts, in order."""
+    """Run one episode per `(task, sample_index, seed)` and return their rollouts, in order;
+    `progress` hears how far each turn's generation got."""
     episodes = [_Episode(task, index, seed) for task, index, seed in tasks]
     factory = _per_task(make_env)
     await asyncio.gather(*(_reset(ep, factory, policy, env_timeout_s) for ep in episodes))
@@ -203,8 +218,9 @@ async def collect_rollouts(
     while live := [ep for ep in episodes if not ep.done]:
         prompts = [ep.prompt_ids + ep.ids for ep in live]
         params = replace(sampling, seed=None if sampling.seed is None else sampling.seed + turn)
+        report = None if progress is None else partial(progress, turn + 1)
         try:
-            completions = policy.generate(prompts, params)
+            completions = _generate(policy, prompts, params, report)
         except Exception as exc:  # a backend failure ends these episodes, it does not crash
             for ep in live:
                 _fail(ep, "policy_error", exc)
@@ -219,6 +235,35 @@ async def collect_rollouts(
         turn += 1
     await asyncio.gather(*(_close(ep) for ep in episodes))
     return [_to_rollout(ep, ep.version if ep.version >= 0 else policy.version) for ep in episodes]
+
+
+def _generate(
+    policy: Policy,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    report: Callable[[int, int], None] | None,
+) -> list[Completion]:
+    """`policy.generate`, reporting `(done, total)` answers: at the start, as each ends
+    (a policy whose `generate` takes `on_step`), and at the end."""
+    if report is None:
+        return policy.generate(prompts, params)
+    total, done = len(prompts), 0
+    report(0, total)
+
+    def on_step(step: DecodeStep) -> None:
+        nonlocal done
+        ended = sum(reason is not None for reason in step.finished)
+        if ended:
+            done += ended
+            report(done, total)
+
+    if "on_step" in inspect.signature(policy.generate).parameters:
+        completions = policy.generate(prompts, params, on_step=on_step)  # type: ignore[call-arg]
+    else:
+        completions = policy.generate(prompts, params)
+    if done < total:
+        report(total, total)
+    return completions
 
 
 async def _close(ep: _Episode) -> None:

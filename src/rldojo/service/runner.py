@@ -10,6 +10,10 @@ A run directory that already holds `config.toml` is resumed from its newest chec
 (a job re-queued after a restart, or resumed after a pause); the ledger means graded
 rollouts are not redone.
 
+Both write what a person waits through to `RUN/progress.jsonl` (`JobPhases`: loading the
+model, the model's one-time conversion, evaluations under way, the run's messages),
+which the service turns into job events (`rldojo.service.watch`).
+
 `run_sft_job(config_toml, run_dir, name, validation)`: a supervised job,
 `rldojo.training.sft.run_sft` on `sft.data`, in the same run loop: a run directory that
 already holds `config.toml` is resumed from its newest checkpoint (a pause saves one), so
@@ -26,7 +30,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rldojo.report.progress import plain_due
+from rldojo.service.watch import PROGRESS
+from rldojo.training.callbacks import Callback
+
 __all__ = [
+    "JobPhases",
     "config_of",
     "run_job",
     "run_sft_job",
@@ -35,6 +44,40 @@ __all__ = [
 ]
 
 VALIDATION = "validation.json"
+
+
+class JobPhases(Callback):
+    """A run's phases as lines of `RUN/progress.jsonl` (`{"message": ...}`), each a job
+    event: the run starting, its messages, each evaluation at its start and halfway."""
+
+    def __init__(self, run_dir: Path, shown_as: dict[str, str] | None = None) -> None:
+        """`shown_as`: text to replace in each line (a stored file's path by its name)."""
+        self.path = run_dir / PROGRESS
+        self.shown_as = shown_as or {}
+        self._said: dict[str, int] = {}  # by evaluation label (each evaluated once a run)
+
+    def write(self, message: str) -> None:
+        """Append a line (after a line a killed worker left unfinished: on a line of its own)."""
+        for text, shown in self.shown_as.items():
+            message = message.replace(text, shown)
+        with self.path.open("ab+") as f:  # appends at the end wherever it reads
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(size - 1, 0))
+            torn = size > 0 and f.read(1) != b"\n"
+            f.write(b"\n" * torn + json.dumps({"message": message}).encode() + b"\n")
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        step, total = int(info.get("step", 0)), int(info.get("total_steps", 0))
+        where = f"from step {step + 1} of {total}" if step else f"{total} steps"
+        self.write(f"Model and data loaded: training {where}")
+
+    def on_message(self, line: str) -> None:
+        self.write(line)
+
+    def on_eval_progress(self, label: str, done: int, total: int) -> None:
+        if done < total and plain_due(done, total, self._said.get(label), parts=2):
+            self._said[label] = done
+            self.write(f"Evaluating {label}: {done}/{total} tasks")
 
 
 def trained_tokens(run_dir: Path) -> int:
@@ -89,9 +132,12 @@ def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) ->
     resume = (run / "config.toml").exists()
     config = config_of(config_toml)
     run.mkdir(parents=True, exist_ok=True)
+    phases = JobPhases(run)
+    phases.write(f"Loading model {config.model.name}")
     with (run / "train.log").open("a") as log:
         console = Console(file=log, width=120, force_terminal=False)
-        summary = run_training(config, run_dir=run, resume=resume, console=console)
+        summary = run_training(config, run_dir=run, resume=resume, callbacks=[phases],
+                               console=console)  # fmt: skip
     return {
         k: v
         for k, v in summary.items()
@@ -114,10 +160,13 @@ def run_sft_job(
     resume = (run / "config.toml").exists()
     run.mkdir(parents=True, exist_ok=True)
     stored = str(config.sft.data)
+    phases = JobPhases(run, {stored: name or stored})
+    phases.write(f"Loading model {config.model.name} and tokenizing the training file")
     with (run / "train.log").open("a") as log:
         console = Console(file=log, width=120, force_terminal=False)
         try:
-            summary = run_sft(config, stored, run_dir=run, resume=resume, console=console)
+            summary = run_sft(config, stored, run_dir=run, resume=resume, callbacks=[phases],
+                              console=console)  # fmt: skip
         except DataError as exc:  # name the uploaded file, not where it is stored
             raise renamed(exc, stored, name or stored) from None
     out = {

@@ -2,10 +2,11 @@
 
 One thread with its own event loop (`Scheduler.start`). Every `poll_s` it
 
-1. validates jobs in `validating_files` (every row, with line numbers: reinforcement
-   rows by `rldojo.service.rft_env.read_rft_rows`, with the grader's `{{item.x}}`
-   fields; supervised rows by `rldojo.service.sft_data.read_sft_rows`) and resolves the
-   "auto" hyperparameters: then `queued`, or `failed` with a one-line reason;
+1. validates jobs in `validating_files` (an event names the files; every row, with line
+   numbers: reinforcement rows by `rldojo.service.rft_env.read_rft_rows`, with the
+   grader's `{{item.x}}` fields; supervised rows by `rldojo.service.sft_data.read_sft_rows`)
+   and resolves the "auto" hyperparameters: then `queued`, or `failed` with a one-line
+   reason;
 2. starts `queued` jobs, oldest first, while fewer than `max_concurrent_jobs` run: each
    in its own `rldojo.workers.WorkerProcess` (a fresh interpreter in its own process
    group, which dies with the service) calling `rldojo.service.runner.run_job`
@@ -194,6 +195,8 @@ class Scheduler:
 
     def _validate(self, job: dict[str, Any]) -> None:
         method = job["method"]
+        also = f" and validation file: {job['validation_file']}" if job["validation_file"] else ""
+        self.state.add_event(job["id"], f"Validating training file: {job['training_file']}{also}")
         try:
             paths = self._paths(job)
             train, val = paths["train_path"], paths["validation_path"]
@@ -288,6 +291,8 @@ class Scheduler:
     ) -> WorkerProcess | None:
         """The learning-signal check on the job's worker; returns the worker to train on
         (a new one when the check's was killed), None when the job stopped meanwhile."""
+        self.state.add_event(job_id, f"Checking the learning signal: {args[2]} prompts x "
+                             f"{args[3]} samples on the base model")  # fmt: skip
         try:
             result = await worker.call(
                 signal_check, args, timeout_s=self.settings.signal_timeout_s,

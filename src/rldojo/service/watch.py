@@ -13,14 +13,18 @@ step_N` with its `state.json`), and records each once in `ServiceState`:
                                  data: full_valid_loss, full_valid_mean_token_accuracy
     a checkpoint                 a job checkpoint `ft:…:ckpt-step-N` (metrics: that step's
                                  event data) and a message event
+    RUN/progress.jsonl           a message event per line (`rldojo.service.runner.JobPhases`:
+                                 "Loading model M", "Evaluating before: 64/128 tasks",
+                                 the run's messages); data: kind "progress", line
 
 Only the newest `keep` checkpoints stay (`ServiceSettings.keep_checkpoints`): older
 directories are deleted, and their job checkpoints with them, once a newer one is
 complete; the newest is never touched (a resume reads it; at the end it is the model).
 
 An event is keyed by (kind, step), so a resumed or restarted job, whose run re-logs
-steps, reports each step once. A supervised job's checkpoint is recorded only once its
-worker has returned (`final=True`): its metrics then include the validation loss.
+steps, reports each step once; a progress line by its line number (the file only grows).
+A supervised job's checkpoint is recorded only once its worker has returned
+(`final=True`): its metrics then include the validation loss.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from typing import Any
 
 from rldojo.service.state import ServiceState, new_id
 
-__all__ = ["RunWatcher", "model_name"]
+__all__ = ["PROGRESS", "RunWatcher", "model_name"]
+
+PROGRESS = "progress.jsonl"
+"""What a job's worker says it is doing (module docstring), in its run directory."""
 
 
 def model_name(job: dict[str, Any]) -> str:
@@ -79,12 +86,14 @@ class RunWatcher:
 
     def _seen_for(self, job_id: str) -> dict[str, Any]:
         if job_id not in self._seen:
-            keys = {
-                (e["data"].get("kind"), e["data"].get("step"))
-                for e in self.state.events(job_id)
-                if e["type"] == "metrics"
-            }
-            self._seen[job_id] = {"keys": keys, "offset": 0, "steps": {}}
+            keys = set()
+            for e in self.state.events(job_id):
+                kind = e["data"].get("kind")
+                if e["type"] == "metrics":
+                    keys.add((kind, e["data"].get("step")))
+                elif kind == "progress":
+                    keys.add((kind, e["data"].get("line")))
+            self._seen[job_id] = {"keys": keys, "offset": 0, "steps": {}, "progress": (0, 0)}
         return self._seen[job_id]
 
     def watch(self, job: dict[str, Any], *, final: bool = False) -> None:
@@ -93,6 +102,9 @@ class RunWatcher:
             return
         run_dir = Path(job["run_dir"])
         seen = self._seen_for(job["id"])
+        # Phases first: what a look finds of both, the phases mostly announced ("Model and
+        # data loaded", "Evaluating before") before the steps and evaluations it finds.
+        self._progress(job, run_dir / PROGRESS, seen)
         path = run_dir / "metrics.jsonl"
         if path.exists():
             if path.stat().st_size < seen["offset"]:  # a new file: read it from the start
@@ -126,6 +138,28 @@ class RunWatcher:
         for ckpt in complete:
             self._checkpoint(job, ckpt, seen["steps"])
         self._prune(job, complete)
+
+    def _progress(self, job: dict[str, Any], path: Path, seen: dict[str, Any]) -> None:
+        """New complete lines of `RUN/progress.jsonl`, each a message event once."""
+        offset, line_no = seen["progress"]
+        if not path.exists():
+            return
+        with path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        whole = chunk[: chunk.rfind(b"\n") + 1]
+        for line in whole.decode(errors="replace").splitlines():
+            line_no += 1
+            key = ("progress", line_no)
+            try:
+                message = str(json.loads(line)["message"])
+            except (ValueError, KeyError, TypeError):  # a line a killed worker left unfinished
+                continue
+            if key not in seen["keys"]:
+                seen["keys"].add(key)
+                self.state.add_event(job["id"], message,
+                                     data={"kind": "progress", "line": line_no})  # fmt: skip
+        seen["progress"] = (offset + len(whole), line_no)
 
     def _prune(self, job: dict[str, Any], complete: list[Path]) -> None:
         """Delete all but the newest `keep` checkpoints (module docstring)."""

@@ -45,7 +45,7 @@ from rldojo.policy import models
 from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
 from rldojo.policy.transformers_backend import TransformersPolicy
-from rldojo.rollout.episodes import collect_rollouts
+from rldojo.rollout.episodes import TurnProgress, collect_rollouts
 from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import TokenBatch, build_token_batch, completion_logits
@@ -323,7 +323,7 @@ class DistillObjective:
         return (f"step {step:>3} KL/token {m['loss/kl']:.4f} tokens {m['tokens']} "
                 f"grad {m['optim/grad_norm']:.2f} {m['time/step']:.1f}s")  # fmt: skip
 
-    def evaluate(self, label: str) -> EvalResult | None:
+    def evaluate(self, label: str, progress: TurnProgress | None = None) -> EvalResult | None:
         """Rank 0 evaluates on the student's sampler, given the current weights; every
         rank gets the record."""
         self._publish()  # the sampler sees the trained weights
@@ -331,7 +331,8 @@ class DistillObjective:
         if self.policy is not None:
             tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
             result = heldout_eval(self.config, self.mixture.make_env_for, self.grader,
-                                  self.policy, tasks, self.threshold, self._loop)  # fmt: skip
+                                  self.policy, tasks, self.threshold, self._loop,
+                                  progress)  # fmt: skip
         record = eval_record(result) if result is not None else None
         self.evals[label] = self.dist.broadcast(record)
         return result

@@ -16,6 +16,7 @@ from rldojo.envs.base import EnvFactory
 from rldojo.eval.harness import EvalResult, evaluate
 from rldojo.graders.base import Grader
 from rldojo.policy.base import Policy
+from rldojo.rollout.episodes import TurnProgress
 from rldojo.store.files import write_atomically
 from rldojo.types import SamplingParams, Task
 
@@ -28,10 +29,11 @@ def heldout_eval(
     tasks: Sequence[Task],
     threshold: float,
     loop: asyncio.AbstractEventLoop,
+    progress: TurnProgress | None = None,
 ) -> EvalResult:
     """Greedy accuracy on held-out tasks (`[eval]`), run on `loop` (grader pools bind to
     it), episodes under the training's limits (`rollout.max_turns`, ...): what
-    `Trainer.evaluate` and `rldojo sft` report."""
+    `Trainer.evaluate` and `rldojo sft` report. `progress` hears how far each turn got."""
     max_new = config.eval.max_new_tokens or config.sampling.max_new_tokens
     greedy = SamplingParams(max_new_tokens=max_new, temperature=0.0, seed=0)
     ro = config.rollout  # the training episodes' limits
@@ -39,7 +41,8 @@ def heldout_eval(
               "env_timeout_s": ro.env_timeout_s}  # fmt: skip
     return loop.run_until_complete(
         evaluate(make_env, grader, policy, tasks, greedy, seed=config.run.seed,
-                 grade_timeout_s=ro.grade_timeout_s, pass_threshold=threshold, episode=limits)
+                 grade_timeout_s=ro.grade_timeout_s, pass_threshold=threshold, episode=limits,
+                 progress=progress)
     )  # fmt: skip
 
 

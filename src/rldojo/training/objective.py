@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rldojo.eval.harness import EvalResult
+from rldojo.rollout.episodes import TurnProgress
 from rldojo.training.stops import RunStopped
 
 __all__ = ["Objective"]
@@ -78,9 +79,10 @@ class Objective(Protocol):
         """The console's line for a step."""
         ...
 
-    def evaluate(self, label: str) -> EvalResult | None:
+    def evaluate(self, label: str, progress: TurnProgress | None = None) -> EvalResult | None:
         """The held-out evaluation, recorded in `evals` under `label` (None on the ranks
-        that do not evaluate: rank 0 does, and gives the others its record)."""
+        that do not evaluate: rank 0 does, and gives the others its record); `progress`
+        hears how far each turn of its episodes got."""
         ...
 
     def save(self) -> Path:

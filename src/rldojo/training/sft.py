@@ -54,6 +54,7 @@ from rldojo.eval.harness import EvalResult
 from rldojo.policy import models
 from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
+from rldojo.rollout.episodes import TurnProgress
 from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.training.batch import (
@@ -329,10 +330,13 @@ class SftObjective:
         return []
 
     def step_line(self, step: int, m: dict[str, Any]) -> str:
-        return (f"sft step {step:>3}/{self.total_steps} loss {m['sft/loss']:.4f} "
+        epochs = self.config.sft.epochs
+        epoch = (step - 1) * epochs // max(self.total_steps, 1) + 1  # equal steps per epoch
+        return (f"sft step {step:>3}/{self.total_steps} epoch {epoch}/{epochs} "
+                f"loss {m['sft/loss']:.4f} "
                 f"tokens {m['sft/tokens']} lr {m['sft/lr']:.2e}")  # fmt: skip
 
-    def evaluate(self, label: str) -> EvalResult | None:
+    def evaluate(self, label: str, progress: TurnProgress | None = None) -> EvalResult | None:
         """Rank 0 evaluates (sharded: on its unsharded copy, given the gathered weights);
         every rank gets the record, so all take the same turns after it."""
         assert self.mixture is not None and self.grader is not None
@@ -349,7 +353,8 @@ class SftObjective:
             self.policy.update_weights(None)  # the sampler sees the trained weights
             tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
             result = heldout_eval(self.config, self.mixture.make_env_for, self.grader,
-                                  self.policy, tasks, self.threshold, self._loop)  # fmt: skip
+                                  self.policy, tasks, self.threshold, self._loop,
+                                  progress)  # fmt: skip
         record = eval_record(result) if result is not None else None
         self.evals[label] = self.dist.broadcast(record)
         return result

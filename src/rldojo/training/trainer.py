@@ -37,6 +37,7 @@ from rldojo.policy.training_model import (
 from rldojo.policy.vllm_backend import check_vllm
 from rldojo.report.trackers import check_report_to
 from rldojo.rollout.env_pool import EnvWorkerPool
+from rldojo.rollout.episodes import TurnProgress
 from rldojo.rollout.generation import Generation, LocalGeneration, RayGeneration, Rounds
 from rldojo.rollout.groups import Collected, Group
 from rldojo.rollout.sources import RolloutSource, make_source
@@ -314,7 +315,7 @@ class Trainer:
         return reference_preflight(self.envs, self.grader, self._loop,
                                    timeout_s=self.config.rollout.grade_timeout_s)  # fmt: skip
 
-    def evaluate(self, label: str) -> EvalResult | None:
+    def evaluate(self, label: str, progress: TurnProgress | None = None) -> EvalResult | None:
         """Greedy accuracy on the held-out tasks; stored under `label` in the run state.
         Sharded, rank 0 evaluates (its sampler's copy holds the current weights) and the
         others get the record (None is their result)."""
@@ -322,7 +323,7 @@ class Trainer:
         if self.policy is not None:  # rank 0
             tasks = heldout_tasks(self.config, self.test_tasks, label)
             result = heldout_eval(self.config, self.make_env, self.grader, self.policy,
-                                  tasks, self.pass_threshold, self._loop)  # fmt: skip
+                                  tasks, self.pass_threshold, self._loop, progress)  # fmt: skip
         record = eval_record(result) if result is not None else None
         self.evals[label] = self.dist.broadcast(record)
         return result
