@@ -5,7 +5,9 @@ failures are failed grades (never rewards of 0), a run directory evaluates as it
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -91,10 +93,12 @@ def test_a_failing_reward_is_a_failed_grade_never_zero():
     score = grade(even_length, answer="4", bad=True)
     assert (score.value, score.status) == (None, "error")
     assert score.explanation == "ValueError: no reward for 4 (second line)"
-    for returned in (float("nan"), float("inf"), "1.0", None, [1.0]):
+    for returned in (float("nan"), float("inf"), "1.0", [1.0]):
         score = grade(lambda p, c, r=returned: r)
         assert (score.value, score.status) == (None, "error"), returned
         assert "not a finite number" in score.explanation
+    score = grade(lambda p, c: None)  # None skips the function: with one, nothing is left
+    assert (score.status, score.explanation) == ("error", "no reward: lambda returned None")
     assert grade(lambda p, c: True).value == 1.0  # bools and ints are numbers
 
 
@@ -193,9 +197,12 @@ def test_failed_grades_are_counted_as_statuses_not_rewards(reward_run):
     assert s["statuses"] == {"ok/ok": 4, "ok/error": 4}  # the bad row: both samples, 2 steps
     assert s["evals"]["after"]["statuses"] == {"ok": 3, "error": 1}
     with sqlite3.connect(reward_run.run_dir / "ledger.sqlite") as db:
-        failed = db.execute("SELECT score_value, explanation FROM rollouts "
+        failed = db.execute("SELECT score_value, explanation, provenance FROM rollouts "
                             "WHERE score_status = 'error'").fetchall()  # fmt: skip
-    assert {f for f in failed} == {(None, "ValueError: no reward for 4 (second line)")}
+    assert {f[:2] for f in failed} == {(None, "ValueError: no reward for 4 (second line)")}
+    for _, _, provenance in failed:  # the ledger keeps where the reward function raised
+        trace = json.loads(provenance)["traceback"]
+        assert ", in even_length\n" in trace and "ValueError: no reward for 4" in trace
     assert reward_run.stopped == "steps" and reward_run.checkpoint is not None
     assert reward_run.checkpoint.name == "step_000002"
     assert [m["step"] for m in reward_run.metrics("train")] == [1, 2]
@@ -228,6 +235,34 @@ def test_an_async_reward_on_any_iterable_of_rows_trains(tmp_path, capfd):
 
 
 @pytest.mark.slow
+def test_several_weighted_reward_functions_train_and_are_recorded(tmp_path):
+    sizes = []
+
+    def answered(prompts, completions, answer):  # TRL's batched signature
+        sizes.append(len(completions))
+        return [float(a in c[0]["content"]) for a, c in zip(answer, completions, strict=True)]
+
+    def even(prompt, completion):  # per sample; chat rows give messages
+        return float(len(completion[0]["content"]) % 2 == 0)
+
+    rows = [{"prompt": [{"role": "user", "content": f"{a} + 1 ="}], "answer": str(a + 1)}
+            for a in range(2)]  # fmt: skip
+    result = rldojo.train(tiny(tmp_path, steps=1), tasks=rows, reward=[answered, even],
+                          reward_weights=[1.0, 0.5])  # fmt: skip
+    assert result.summary["statuses"] == {"ok/ok": 4}
+    assert sizes == [1, 1, 2, 2]  # the reference answers (one per task), then once per group
+    (metrics,) = result.metrics("train")
+    assert {"reward/component/answered", "reward/component/even",
+            "reward/reward.answered.even-v1/mean"} <= metrics.keys()  # fmt: skip
+    with sqlite3.connect(result.run_dir / "ledger.sqlite") as db:
+        graded = db.execute("SELECT score_value, components FROM rollouts").fetchall()
+    for value, components in graded:
+        parts = json.loads(components)
+        assert value == parts["answered"] + 0.5 * parts["even"]
+    assert 'id = "reward.answered.even-v1"' in (result.run_dir / "config.toml").read_text()
+
+
+@pytest.mark.slow
 def test_a_datasets_dataset_trains(tmp_path):
     datasets = pytest.importorskip("datasets")
     data = datasets.Dataset.from_list([{"prompt": "1 + 1 =", "answer": "2"}] * 2)
@@ -235,8 +270,44 @@ def test_a_datasets_dataset_trains(tmp_path):
     assert result.summary["statuses"] == {"ok/ok": 4}
 
 
+def always_right(prompt, completion):
+    """Every completion passes: no group is informative."""
+    return 1.0
+
+
 @pytest.mark.slow
-def test_a_callback_stops_the_run(tmp_path):
+def test_a_constant_reward_says_why_nothing_trains(tmp_path, caplog):
+    """Without a callback the run still says why it trained nothing: a WARNING record of
+    the `rldojo.run` logger (which Python prints on stderr when logging is unconfigured),
+    `RunResult.diagnosis` and summary.json's `no_signal`; all-pass is "too easy", never
+    the token limit that cut every completion."""
+    caplog.set_level(logging.INFO, logger="rldojo")
+    result = rldojo.train(tiny(tmp_path), tasks=TRAIN_ROWS, reward=always_right)
+    assert (result.stopped, result.summary["rollouts_trained"]) == ("steps", 0)
+    ((cause, steps, text),) = [(d.cause, d.steps, d.text) for d in result.diagnosis]
+    assert (cause, steps) == ("too_easy", (1, 2))
+    assert text.startswith("every completion passed (reward +1.00)")
+    saved = json.loads((result.run_dir / "summary.json").read_text())
+    assert saved["no_signal"] == [{"cause": "too_easy", "steps": [1, 2], "text": text}]
+    ours = [r for r in caplog.records if r.name == "rldojo.run"]
+    warned = [r.getMessage() for r in ours if r.levelno == logging.WARNING]
+    # said at step 1; step 2 has the same cause (said again after EVERY such steps)
+    assert warned == [f"no learning signal at step 1 (0 of 2 groups informative): {text}"]
+    assert "max_new_tokens" not in warned[0]
+    infos = [r.getMessage() for r in ours if r.levelno == logging.INFO]
+    assert [m[:26] for m in infos if m.startswith("step")] == [
+        "step   1 reward +1.00 pass",
+        "step   2 reward +1.00 pass",
+    ]
+    assert infos[0].startswith("rldojo train tiny-random on reward.")  # the header, plain
+
+
+@pytest.mark.slow
+def test_a_callback_stops_the_run(tmp_path, caplog):
+    from rich.console import Console
+
+    from rldojo.training.callbacks import ConsoleCallback
+
     class StopAfter(rldojo.Callback):
         def __init__(self):
             self.steps = []
@@ -248,10 +319,17 @@ def test_a_callback_stops_the_run(tmp_path):
             return len(self.steps) >= 1
 
     stop = StopAfter()
+    caplog.set_level(logging.INFO, logger="rldojo")
+    printed = io.StringIO()
+    console = ConsoleCallback(Console(file=printed, width=200))
     result = rldojo.train(tiny(tmp_path, steps=3), tasks=TRAIN_ROWS, reward=even_length,
-                          callbacks=[stop])  # fmt: skip
+                          callbacks=[stop, console])  # fmt: skip
     assert (stop.steps, result.stopped, result.summary["steps"]) == ([1], "callback", 1)
     assert result.checkpoint is not None and result.checkpoint.name == "step_000001"
+    # a console prints the run as the CLI does, and the run logs nothing twice
+    assert "step   1 reward" in printed.getvalue()
+    assert "a callback asked to stop: stopping after step 1" in printed.getvalue()
+    assert not [r for r in caplog.records if r.name == "rldojo.run"]
 
 
 def test_a_task_list_is_kept_as_given():

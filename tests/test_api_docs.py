@@ -36,7 +36,13 @@ def test_the_page_has_its_examples():
     files, code = blocks()
     assert set(files) == {"short_grader.py", "pyproject.toml"}
     joined = "\n".join(code)
-    for call in ("rldojo.train(", "rldojo.evaluate(", "rldojo.Callback", "short_grader:make"):
+    for call in (
+        "rldojo.train(",
+        "rldojo.evaluate(",
+        "rldojo.Callback",
+        "short_grader:make",
+        "reward_weights=",
+    ):
         assert call in joined
 
 
@@ -76,12 +82,17 @@ def test_the_examples_run(tmp_path, monkeypatch, capsys):
         sys.modules.pop("short_grader", None)
     ns = namespace
     result, held_out, early, graded = ns["result"], ns["held_out"], ns["early"], ns["graded"]
+    trl_run = ns["trl_run"]
     assert result.checkpoint == Path("runs/sums/checkpoints/step_000002")  # type: ignore[attr-defined]
     assert result.stopped == "steps"  # type: ignore[attr-defined]
     assert held_out.accuracy == result.accuracy_after  # type: ignore[attr-defined]
     assert (early.stopped, early.summary["steps"]) == ("callback", 3)  # type: ignore[attr-defined]
     assert graded.summary["evals"]["after"]["statuses"] == {"ok": 4}  # type: ignore[attr-defined]
+    assert ns["tuned"].summary["model"].startswith("object:LlamaForCausalLM.")  # type: ignore[attr-defined]
+    grades = {key.split("/")[1] for key in trl_run.summary["statuses"]}  # type: ignore[attr-defined]
+    assert grades == {"ok"}  # both functions, batched and per sample, graded every sample
+    assert 'id = "reward.answered.brief-v1"' in (trl_run.run_dir / "config.toml").read_text()  # type: ignore[attr-defined]
     out = capsys.readouterr().out
-    assert "callback 3" in out and "{'ok': 4}" in out
+    assert "callback 3" in out and "{'ok': 4}" in out and "\n3584\n" in out
     again = [tuple(r[k] for k in KEYS) for r in ns["again"].rows]  # type: ignore[attr-defined]
     assert again == after_rows(graded.run_dir)  # type: ignore[attr-defined]

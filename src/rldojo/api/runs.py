@@ -13,27 +13,37 @@
 
 Each call runs what the CLI command runs: the same config (a TOML path, a dict of its
 sections, or a `TrainConfig`), checked with the same one-line errors, the same run
-directory, the same exceptions (`rldojo.training.stops`); but nothing is printed unless a
-`rldojo.training.callbacks.ConsoleCallback` is among `callbacks`. The reward-function shortcut
-is an environment like any other (`rldojo.envs.function_reward`). docs/api.md is the
-user's page.
+directory, the same exceptions (`rldojo.training.stops`). What the CLI prints, a call
+logs through the standard `logging` module (logger `rldojo.run`, a
+`rldojo.training.callbacks.LoggingCallback`): a step without learning signal at WARNING,
+which Python prints on stderr when logging is left unconfigured; the header, step and
+evaluation lines at INFO. Nothing is printed by the call itself, on a terminal or not;
+with a `ConsoleCallback` among `callbacks` it prints as the CLI does instead (and logs
+nothing twice). `RunResult.diagnosis` says which steps had no learning signal, and why.
+The reward-function shortcut is an environment like any other
+(`rldojo.envs.function_reward`). docs/api.md is the user's page.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rldojo.api.model_args import with_model
 from rldojo.config import ConfigError, ConfigValueError, TrainConfig, load_config
 from rldojo.config.base import format_error
-from rldojo.envs.function_reward import RewardFunction, register_function_env
+from rldojo.envs.function_reward import Rewards, register_function_env
+from rldojo.training.callbacks import quiet_progress_bars
 
 if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from rldojo.training.callbacks import Callback
+    from rldojo.training.signal import NoSignal
 
 __all__ = [
     "RunResult",
@@ -86,11 +96,17 @@ class RunResult:
     """Why the run ended: "steps", "max_minutes", "callback", ... (`summary["stopped"]`)."""
     checkpoint: Path | None
     """The newest checkpoint, `RUN/checkpoints/step_NNNNNN` (None: none written)."""
+    diagnosis: tuple[NoSignal, ...] = ()
+    """The steps without learning signal, grouped by cause (`train`; summary.json's
+    `no_signal`): each a `rldojo.training.signal.NoSignal` with `cause` ("too_easy",
+    "too_hard", "truncated", "no_answer", "constant_reward", "equal_groups", "failures"),
+    `steps` and `text`. Empty: every step had signal, or the command has no groups."""
 
     @classmethod
     def of(cls, summary: Mapping[str, Any], run_dir: str | os.PathLike[str] | None) -> RunResult:
         """The result of a run that returned `summary` (its `run_dir`, else the one given)."""
         from rldojo.store.checkpoint import latest_checkpoint
+        from rldojo.training.signal import NoSignal
 
         where = run_dir if run_dir is not None else summary.get("run_dir")
         if where is None:
@@ -103,6 +119,7 @@ class RunResult:
             accuracy_after=summary.get("accuracy_after"),
             stopped=summary.get("stopped"),
             checkpoint=latest_checkpoint(path / "checkpoints"),
+            diagnosis=tuple(NoSignal.from_dict(d) for d in summary.get("no_signal", ())),
         )
 
     def metrics(self, kind: str | None = None) -> list[dict[str, Any]]:
@@ -122,19 +139,12 @@ class RunResult:
         return records
 
 
-@contextmanager
-def quiet_progress_bars() -> Iterator[None]:
-    """transformers' own progress bars (loading and writing weights) off during a call:
-    the API prints nothing that a callback does not print."""
-    from transformers.utils import logging as hf_logging
+def _heard(callbacks: Sequence[Callback]) -> list[Callback]:
+    """`callbacks`, and a `LoggingCallback` unless a `ConsoleCallback` prints the run."""
+    from rldojo.training.callbacks import ConsoleCallback, LoggingCallback
 
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()
+    printed = any(isinstance(c, ConsoleCallback) for c in callbacks)
+    return [*callbacks, *([] if printed else [LoggingCallback()])]
 
 
 def _dir(run_dir: str | os.PathLike[str] | None) -> Path | None:
@@ -150,31 +160,46 @@ def train(
     overwrite: bool = False,
     tasks: Rows | None = None,
     eval_tasks: Rows | None = None,
-    reward: RewardFunction | None = None,
+    reward: Rewards | None = None,
+    reward_weights: Sequence[float] | None = None,
+    model: str | PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    peft_config: LoraConfig | None = None,
 ) -> RunResult:
     """Train with reinforcement learning (`rldojo train`). With `tasks` and `reward` the
-    environment is those rows graded by that function (`eval_tasks`: the held-out rows,
-    `eval.tasks` = their number; none: no held-out evaluation); it replaces `[env]`.
+    environment is those rows graded by that function, or by the weighted sum of several
+    (`reward_weights`, TRL's name; default 1.0 each; `rldojo.envs.reward_functions`);
+    `eval_tasks`: the held-out rows, `eval.tasks` = their number (none: no held-out
+    evaluation); it replaces `[env]`.
+    `model` (a name or a `PreTrainedModel`, trained in place), `tokenizer` and
+    `peft_config` (a `peft.LoraConfig`) are TRL's arguments (`rldojo.api.model_args`).
 
     A directory that holds a run is refused (`RunDirError`) unless `resume` or
     `overwrite`; a run stopped by its failure budget or a signal raises after writing its
     summary (`rldojo.training.stops`)."""
     cfg = as_config(config)
-    if reward is not None or tasks is not None or eval_tasks is not None:
-        cfg = with_reward(cfg, reward, tasks, eval_tasks)  # the rows checked before any work
+    if model is not None or tokenizer is not None or peft_config is not None:
+        cfg = with_model(cfg, model, tokenizer, peft_config)
+    if any(x is not None for x in (reward, tasks, eval_tasks, reward_weights)):
+        cfg = with_reward(cfg, reward, tasks, eval_tasks, reward_weights)  # checked before any work
     from rldojo.training.loop import run_training
 
     with quiet_progress_bars():
         summary = run_training(cfg, run_dir=_dir(run_dir), resume=resume, overwrite=overwrite,
-                               force=False, callbacks=list(callbacks))  # fmt: skip
+                               force=False, callbacks=_heard(callbacks))  # fmt: skip
     return RunResult.of(summary, run_dir)
 
 
 def with_reward(
-    config: TrainConfig, reward: RewardFunction | None, tasks: Rows | None, eval_tasks: Rows | None
+    config: TrainConfig,
+    reward: Rewards | None,
+    tasks: Rows | None,
+    eval_tasks: Rows | None,
+    reward_weights: Sequence[float] | None = None,
 ) -> TrainConfig:
     """`config` training on `tasks` graded by `reward`: the rows are checked and their
-    environment registered in this process (`register_function_env`)."""
+    environment registered in this process (`register_function_env`). A config that an
+    earlier `train()` wrote (its `env.kwargs` the fingerprint of its rows) may be given."""
     if reward is None or tasks is None:
         raise ValueError("train: tasks= and reward= go together (rows, and the function "
                          "that grades a completion of one)")  # fmt: skip
@@ -187,15 +212,18 @@ def with_reward(
         if bad:
             raise ConfigValueError(f"{key}: a reward function lives in this process and cannot "
                                    f"reach other processes; {fix}")  # fmt: skip
-    for key, bad in (("env.mix", bool(config.env.mix)), ("env.kwargs", bool(config.env.kwargs)),
+    written = config.env.id.startswith("reward.") and set(config.env.kwargs) <= {"fingerprint"}
+    for key, bad in (("env.mix", bool(config.env.mix)),
+                     ("env.kwargs", bool(config.env.kwargs) and not written),
                      ("grader.spec", config.grader.spec is not None)):  # fmt: skip
         if bad:
             raise ConfigValueError(f"{key}: the tasks and reward given to train() are the "
                                    "environment and its grader; leave it unset")  # fmt: skip
-    env_id, n_eval = register_function_env(reward, tasks, eval_tasks)
+    made = register_function_env(reward, tasks, eval_tasks, weights=reward_weights,
+                                 group_size=config.rollout.group_size)  # fmt: skip
     return config.model_copy(update={
-        "env": config.env.model_copy(update={"id": env_id}),
-        "eval": config.eval.model_copy(update={"tasks": n_eval}),
+        "env": config.env.model_copy(update={"id": made.env_id, "kwargs": made.kwargs}),
+        "eval": config.eval.model_copy(update={"tasks": made.eval_tasks}),
     })  # fmt: skip
 
 
@@ -207,15 +235,24 @@ def sft(
     run_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    model: str | PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    peft_config: LoraConfig | None = None,
 ) -> RunResult:
     """Supervised fine-tuning on demonstrations (`rldojo sft`): `data` is a JSONL file of
-    conversations (`rldojo demos` writes them); None: `sft.data`."""
+    conversations (`rldojo demos` writes them); None: `sft.data`. `model`, `tokenizer` and
+    `peft_config` as `train` takes them."""
     from rldojo.training.sft import run_sft
 
     cfg = as_config(config)
+    if peft_config is not None and not cfg.sft.lora:
+        raise ConfigValueError("sft.lora: false trains every weight, but peft_config= asks "
+                               "for adapters; leave sft.lora true")  # fmt: skip
+    if model is not None or tokenizer is not None or peft_config is not None:
+        cfg = with_model(cfg, model, tokenizer, peft_config)
     with quiet_progress_bars():
         summary = run_sft(cfg, data, run_dir=_dir(run_dir), resume=resume, overwrite=overwrite,
-                          callbacks=list(callbacks))  # fmt: skip
+                          callbacks=_heard(callbacks))  # fmt: skip
     return RunResult.of(summary, run_dir)
 
 
@@ -233,5 +270,5 @@ def distill(
     cfg = as_config(config)
     with quiet_progress_bars():
         summary = run_distill(cfg, run_dir=_dir(run_dir), resume=resume, overwrite=overwrite,
-                              callbacks=list(callbacks))  # fmt: skip
+                              callbacks=_heard(callbacks))  # fmt: skip
     return RunResult.of(summary, run_dir)

@@ -1,4 +1,4 @@
-"""A reward function and a list of rows as an environment: the TRL-style shortcut.
+"""Reward functions and a list of rows as an environment: the TRL-style shortcut.
 
     def correct(prompt, completion, answer):
         return float(completion.strip() == answer)
@@ -8,19 +8,18 @@
 
 Each row is one task: `prompt` (a string, or a list of chat messages `{"role", "content"}`),
 an optional `id`, and any other fields. `FunctionRewardEnv` poses the rows (one prompt,
-one answer: a `SingleTurnEnv`); `FunctionGrader` calls the function, sync or async, as
-`reward(prompt, completion, **fields)`: the prompt as the row gave it, the completion's
-text and the row's other fields, those the function's signature accepts (all of them when
-it takes `**kwargs`). An exception, or a value that is not a finite number, is a failed
-grade (`status="error"`, the exception's line as the explanation), never a reward of 0.
-
-A sync function runs on the rollout engine's event loop, so `rollout.grade_timeout_s`
-cannot cut it short; a function that waits on I/O should be `async def`.
+one answer: a `SingleTurnEnv`); its grader is a `FunctionGrader`
+(`rldojo.envs.reward_functions`: one function or several with weights, per sample or
+batched as TRL calls them, and what their failures become).
 
 `rows_to_tasks` checks every row before any work (one line naming the row and the field);
-`register_function_env` registers the environment in this process under an id derived
-from the function and the rows, so a resumed run with the same ones finds the same id.
-The function lives in this process: env worker processes and Ray workers cannot call it.
+`register_function_env` registers the environment in this process. Its id is readable,
+`reward.NAME-v1` from the functions' names (`reward.correct.format-v1` for two); the
+`fingerprint` kwarg, a digest of the functions' code and weights and of the rows, picks
+the rows and functions among those registered under that id, so a run's config names
+exactly what it trained on: a resume with other rows or functions is a config change that
+the resume check reports. The functions live in this process: env worker processes and Ray
+workers cannot call them.
 """
 
 from __future__ import annotations
@@ -28,40 +27,34 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import math
-import numbers
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from rldojo.data.loading import DataError
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
-from rldojo.types import Message, Rollout, Score, Task
+from rldojo.envs.reward_functions import FunctionGrader, RewardFunction, function_name
+from rldojo.types import Message, Task
 
 __all__ = [
+    "FunctionEnv",
     "FunctionGrader",
     "FunctionRewardEnv",
     "RewardFunction",
+    "Rewards",
+    "fingerprint",
     "function_env_id",
     "register_function_env",
     "rows_to_tasks",
 ]
 
-RewardFunction = Callable[..., float | Awaitable[float]]
-"""`reward(prompt, completion, **fields) -> float`, or an `async def` returning one."""
+Rewards = RewardFunction | Sequence[RewardFunction]
+"""One reward function, or several (their weighted sum is the reward)."""
 
 ROLES = ("system", "user", "assistant", "tool")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _function_name(fn: Any) -> str:
-    return str(getattr(fn, "__name__", type(fn).__name__))
 
 
 def _prompt(value: Any, where: str) -> str | tuple[Message, ...]:
@@ -120,79 +113,16 @@ def rows_to_tasks(rows: Iterable[Mapping[str, Any]], *, source: str = "tasks",
     return tasks
 
 
-def _accepted_fields(fn: Callable[..., Any]) -> frozenset[str] | None:
-    """The keyword names `fn` takes after its first two positional parameters (prompt,
-    completion); None when it takes any (`**kwargs`) or its signature cannot be read."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    skipped = {p.name for p in positional[:2]}
-    return frozenset(p.name for p in params if p.name not in skipped
-                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))  # fmt: skip
-
-
-def _as_score(value: Any, name: str) -> Score:
-    """A finite number (bools included) is the reward; anything else a failed grade."""
-    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
-        return Score(value=float(value), provenance={"grader": name})
-    shown = _one_line(repr(value))[:80]
-    return Score.failed("error", f"{name} returned {shown}, not a finite number",
-                        provenance={"grader": name})  # fmt: skip
-
-
-class FunctionGrader:
-    """Scores a rollout with a plain reward function (see the module docstring)."""
-
-    def __init__(self, reward: RewardFunction) -> None:
-        if not callable(reward):
-            raise TypeError(f"reward: expected a function, got {type(reward).__name__}")
-        self.reward = reward
-        self.name = f"reward:{_function_name(reward)}"
-        self.accepts = _accepted_fields(reward)
-
-    def fields(self, task: Task) -> dict[str, Any]:
-        """The keyword arguments of the call for `task`: its fields the function takes."""
-        return {k: v for k, v in task.info.items() if self.accepts is None or k in self.accepts}
-
-    def check(self, tasks: Sequence[Task], source: str) -> None:
-        """A `DataError` (one line) for the first task the function cannot be called on,
-        e.g. a required parameter no field fills; the function is not called."""
-        try:
-            sig = inspect.signature(self.reward)
-        except (TypeError, ValueError):
-            return
-        for i, task in enumerate(tasks):
-            try:
-                sig.bind("prompt", "completion", **self.fields(task))
-            except TypeError as exc:
-                raise DataError(f"{source}[{i}]", None, f"reward {_function_name(self.reward)}"
-                                f"{sig}: {exc}") from None  # fmt: skip
-
-    async def grade(self, rollout: Rollout, task: Task) -> Score:
-        prompt = task.prompt if isinstance(task.prompt, str) else [dict(m) for m in task.prompt]
-        try:
-            value = self.reward(prompt, rollout.completion, **self.fields(task))
-            if inspect.isawaitable(value):
-                value = await value
-        except Exception as exc:
-            why = _one_line(f"{type(exc).__name__}: {exc}")
-            return Score.failed("error", why, provenance={"grader": self.name})
-        return _as_score(value, self.name)
-
-
 class FunctionRewardEnv(SingleTurnEnv):
     """The rows as tasks (`train` and `test` splits, in the given order), graded by the
-    reward function. Built once per episode: it holds the tasks, never copies them."""
+    reward functions. Built once per episode: it holds the tasks, never copies them."""
 
-    def __init__(self, reward: RewardFunction, train: Sequence[Task],
-                 test: Sequence[Task] = (), *, env_id: str = "reward-v1") -> None:  # fmt: skip
+    def __init__(self, reward: Rewards, train: Sequence[Task], test: Sequence[Task] = (), *,
+                 env_id: str = "reward-v1", weights: Sequence[float] | None = None,
+                 group_size: int | None = None) -> None:  # fmt: skip
         super().__init__()
         self.env_id = env_id
-        self.reward = reward
+        self.reward, self.weights, self.group_size = reward, weights, group_size
         self.splits = {"train": train, "test": test}
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
@@ -202,31 +132,67 @@ class FunctionRewardEnv(SingleTurnEnv):
         return list(chosen if n is None else chosen[:n])
 
     def default_grader(self) -> FunctionGrader:
-        return FunctionGrader(self.reward)
+        return FunctionGrader(self.reward, self.weights, group_size=self.group_size)
 
 
-def function_env_id(reward: RewardFunction, train: Sequence[Task], test: Sequence[Task]) -> str:
-    """`reward.NAME.DIGEST-v1`: the function's name, and a digest of its module, name and
-    source and of the tasks, so the same function on the same rows gets the same id."""
-    slug = re.sub(r"[^a-z0-9_]+", "_", _function_name(reward).lower()).strip("_") or "fn"
-    try:
-        source = inspect.getsource(reward)  # type: ignore[arg-type]
-    except (OSError, TypeError):
-        source = ""
-    where = f"{getattr(reward, '__module__', '')}:{getattr(reward, '__qualname__', slug)}"
+def function_env_id(grader: FunctionGrader) -> str:
+    """`reward.NAME-v1`: the functions' names, lowercase, joined by dots (the first three
+    and how many more)."""
+    slugs = [re.sub(r"[^a-z0-9_]+", "_", t.name.lower()).strip("_") or "fn" for t in grader.terms]
+    if len(slugs) > 3:
+        slugs = [*slugs[:3], f"{len(slugs) - 3}_more"]
+    return f"reward.{'.'.join(slugs)}-v1"
+
+
+def fingerprint(grader: FunctionGrader, train: Sequence[Task], test: Sequence[Task]) -> str:
+    """A digest of the functions (module, name, source), their weights and the rows: the
+    same functions on the same rows give the same one, in any process."""
+    functions = []
+    for term in grader.terms:
+        try:
+            source = inspect.getsource(term.fn)
+        except (OSError, TypeError):
+            source = ""
+        where = f"{getattr(term.fn, '__module__', '')}:{getattr(term.fn, '__qualname__', '')}"
+        functions.append([where or function_name(term.fn), source, term.weight])
     rows = [[t.id, t.prompt, dict(t.info)] for split in (train, test) for t in split]
-    data = json.dumps([where, source, len(train), rows], default=repr, sort_keys=True)
-    return f"reward.{slug}.{hashlib.sha256(data.encode()).hexdigest()[:12]}-v1"
+    data = json.dumps([functions, len(train), rows], default=repr, sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:12]
+
+
+_REGISTERED: dict[str, dict[str, Callable[[], FunctionRewardEnv]]] = {}
+"""Per environment id, the environments registered in this process, by fingerprint."""
+
+
+def _make(env_id: str, fingerprint: str) -> FunctionRewardEnv:
+    made = _REGISTERED.get(env_id, {}).get(fingerprint)
+    if made is None:
+        given = "not reward functions and rows given to train() in this process"
+        raise ValueError(f"fingerprint {fingerprint!r}: {given}; give them (tasks=, reward=)")
+    return made()
+
+
+@dataclass(frozen=True)
+class FunctionEnv:
+    """What `register_function_env` registered: the config's `env.id` and `env.kwargs`,
+    and the number of held-out tasks (`eval.tasks`)."""
+
+    env_id: str
+    kwargs: dict[str, str]
+    eval_tasks: int
 
 
 def register_function_env(
-    reward: RewardFunction,
+    reward: Rewards,
     tasks: Iterable[Mapping[str, Any]],
     eval_tasks: Iterable[Mapping[str, Any]] | None = None,
-) -> tuple[str, int]:
-    """Check the rows and the function, register a `FunctionRewardEnv` over them (in this
-    process) and return its id and the number of held-out tasks."""
-    grader = FunctionGrader(reward)
+    *,
+    weights: Sequence[float] | None = None,
+    group_size: int | None = None,
+) -> FunctionEnv:
+    """Check the rows and the functions, and register a `FunctionRewardEnv` over them in
+    this process. `group_size`: the samples a batched function is called on at once."""
+    grader = FunctionGrader(reward, weights, group_size=group_size)
     train = rows_to_tasks(tasks, source="tasks", split="train")
     if not train:
         raise DataError("tasks", None, "no rows")
@@ -235,9 +201,13 @@ def register_function_env(
         test = rows_to_tasks(eval_tasks, source="eval_tasks", split="test")
     grader.check(train, "tasks")
     grader.check(test, "eval_tasks")
-    env_id = function_env_id(reward, train, test)
+    env_id, digest = function_env_id(grader), fingerprint(grader, train, test)
     train = [replace(t, env=env_id) for t in train]
     test = [replace(t, env=env_id) for t in test]
-    factory = partial(FunctionRewardEnv, reward, tuple(train), tuple(test), env_id=env_id)
-    register(env_id, factory, overwrite=True)
-    return env_id, len(test)
+    fns, ws = tuple(t.fn for t in grader.terms), tuple(t.weight for t in grader.terms)
+    _REGISTERED.setdefault(env_id, {})[digest] = partial(
+        FunctionRewardEnv, fns, tuple(train), tuple(test), env_id=env_id, weights=ws,
+        group_size=group_size,
+    )  # fmt: skip
+    register(env_id, partial(_make, env_id), overwrite=True)
+    return FunctionEnv(env_id, {"fingerprint": digest}, len(test))

@@ -10,7 +10,8 @@ step: through the wrapped model itself or a lasting copy of it, or (the trainer'
 transient copy in another dtype) through a plain model holding the merged weights
 (`merged_copy`, `merged_parameters`), which decodes faster than one with the adapters
 beside it. `merge_and_export` folds the adapters into the base weights and writes a plain
-transformers model directory.
+transformers model directory. `lora_section` reads a `peft.LoraConfig` (what a TRL user
+passes as `peft_config`) as the `model.lora` section it stands for.
 
 `peft` is an optional extra (`pip install 'rldojo[lora]'`); it is imported only here.
 """
@@ -18,11 +19,18 @@ transformers model directory.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from rldojo.config import ConfigError, ConfigValueError, LoraSection
+from rldojo.config.base import format_error
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -88,9 +96,13 @@ def load_adapter(base: Any, adapter_dir: Path, *, trainable: bool = True) -> Any
 def load_merged(adapter_dir: Path) -> tuple[Any, Any]:
     """`(model, tokenizer)`: the adapter in `adapter_dir` loaded onto its base and merged
     into it, a plain model to sample from (`rldojo eval` of a LoRA checkpoint)."""
+    from rldojo.policy.given_models import is_given
     from rldojo.policy.models import load_model
 
-    base, tokenizer = load_model(adapter_base_name(adapter_dir))
+    name = adapter_base_name(adapter_dir)
+    base, tokenizer = load_model(name)
+    if is_given(name):  # a model object given to the run: it is left as it is
+        base = copy.deepcopy(base)
     return load_adapter(base, adapter_dir, trainable=False).merge_and_unload(), tokenizer
 
 
@@ -168,3 +180,51 @@ def export_checkpoint(checkpoint: Path, out: Path, *, merge: bool) -> Path:
         raise ConfigError(f"{checkpoint}: not a checkpoint (no adapter_config.json or "
                           "config.json)")  # fmt: skip
     return merge_and_export(model, tokenizer, out)
+
+
+_LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "layers_to_transform")
+"""The `peft.LoraConfig` fields that `model.lora` has a key for (`r`, `alpha`, `dropout`,
+`target_modules`, `layers`)."""
+
+_LORA_SET_BY_RLDOJO = ("peft_type", "task_type", "auto_mapping", "peft_version",
+                       "base_model_name_or_path", "revision")  # fmt: skip
+"""Fields that do not shape the adapters, or that rldojo sets itself (`task_type`: a
+causal LM or None, checked apart)."""
+
+
+def lora_section(config: LoraConfig) -> LoraSection:
+    """The `model.lora` section of a `peft.LoraConfig`: `r`, `lora_alpha`, `lora_dropout`,
+    `target_modules` (None: `model.lora`'s default) and `layers_to_transform`; any other
+    field away from its default is a `ConfigValueError` naming it, never dropped."""
+    peft = _peft()
+    if not isinstance(config, peft.LoraConfig):
+        raise ConfigValueError(f"peft_config: expected a peft.LoraConfig, got "
+                               f"{type(config).__name__}")  # fmt: skip
+    if config.task_type not in (None, "CAUSAL_LM"):
+        raise ConfigValueError(f"peft_config.task_type: {config.task_type!r}; rldojo trains "
+                               "causal language models (CAUSAL_LM)")  # fmt: skip
+    default = peft.LoraConfig()
+    for field in dataclasses.fields(config):
+        name = field.name
+        if name in _LORA_KEYS or name in _LORA_SET_BY_RLDOJO:
+            continue
+        value = getattr(config, name)
+        if value != getattr(default, name):
+            raise ConfigValueError(f"peft_config.{name}: {value!r} has no model.lora key in "
+                                   f"rldojo; leave it at {getattr(default, name)!r}")  # fmt: skip
+    section: dict[str, Any] = {"r": config.r, "alpha": config.lora_alpha,
+                               "dropout": config.lora_dropout}  # fmt: skip
+    targets = config.target_modules
+    if isinstance(targets, str) and targets != "all-linear":
+        raise ConfigValueError(f"peft_config.target_modules: {targets!r} (a regular "
+                               "expression); give module names or 'all-linear'")  # fmt: skip
+    if targets is not None:
+        section["target_modules"] = targets if isinstance(targets, str) else sorted(targets)
+    layers = config.layers_to_transform
+    if layers is not None:
+        section["layers"] = [layers] if isinstance(layers, int) else list(layers)
+    try:
+        return LoraSection.model_validate(section)
+    except ValidationError as exc:  # e.g. a dropout of 1 or more
+        raise ConfigValueError(format_error("peft_config (as model.lora)", exc, LoraSection)) \
+            from None  # fmt: skip

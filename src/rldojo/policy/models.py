@@ -8,8 +8,14 @@ Built-in names:
     `tiny-random`            a 2-layer Llama with random weights (fixed seed) and the SmolLM2
                              tokenizer, built from a config in seconds. For tests.
 
-Anything else is passed to `from_pretrained` (a local directory, or a hub id when the user
-allows network access). The cache lives in `$RLDOJO_CACHE` (default `~/.cache/rldojo`).
+A model object given to a run is found by its id (`object:...`) in this process's
+registry (`rldojo.policy.given_models`): `load_model` returns the object itself. Anything
+else is passed to `from_pretrained` (a local directory, or a hub id when the user allows
+network access). The cache lives in `$RLDOJO_CACHE` (default `~/.cache/rldojo`).
+
+The one-time export takes tens of seconds on a slow CPU: it is logged (INFO, logger
+`rldojo.policy.models`) when it starts and when it is done; the commands show those lines
+(`rldojo.report.progress.log_lines`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import functools
 import importlib.util
 import inspect
 import json
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +36,7 @@ import torch
 from rldojo.cache import cache_dir
 from rldojo.policy.attention import use_safe_sdpa
 from rldojo.policy.errors import ModelLoadError
+from rldojo.policy.given_models import given_model, is_given
 from rldojo.store.checkpoint import is_sharded_checkpoint
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -36,6 +45,8 @@ BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
 
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_EOS = "<|im_end|>"
+
+log = logging.getLogger(__name__)
 
 
 def smollm2_gguf_path() -> Path:
@@ -112,7 +123,10 @@ def smollm2_dir() -> Path:
 
             shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
+        log.info("converting SmolLM2-135M-Instruct from GGUF (once; cached in %s)", target)
+        started = time.perf_counter()
         _export_smollm2(target)
+        log.info("converted SmolLM2-135M-Instruct in %.0f s", time.perf_counter() - started)
     return target
 
 
@@ -124,7 +138,14 @@ def downloads_allowed() -> bool:
 def check_model(name: str) -> None:
     """Fail fast, in one line, on a model that cannot be loaded offline (before any run
     directory, model load or network access): a built-in name, a local directory with a
-    `config.json`, or, only when downloads are allowed, a hub id."""
+    `config.json`, or, only when downloads are allowed, a hub id; or a given model's id
+    registered in this process."""
+    if is_given(name):
+        if given_model(name) is None:
+            raise ModelLoadError(f"model {name!r}: a model object given to rldojo.train or "
+                                 "rldojo.sft in another process; pass the model again "
+                                 "(model=...) to run or resume with it")  # fmt: skip
+        return
     if name in BUILTIN_MODELS:
         if name == SMOLLM2 and not (_smollm2_export() / "config.json").exists():
             smollm2_gguf_path()  # the package it is exported from must be there
@@ -155,6 +176,12 @@ def load_tokenizer(name: str) -> Any:
 
     path = smollm2_dir() if name in BUILTIN_MODELS else name
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=not downloads_allowed())
+    return prepare_tokenizer(tokenizer)
+
+
+def prepare_tokenizer(tokenizer: Any) -> Any:
+    """`tokenizer` as rldojo's batches need it, changed in place: left padding, and the
+    end-of-sequence token as padding when it has no padding token."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -183,10 +210,19 @@ def _tiny_random(tokenizer: Any, seed: int = 0) -> Any:
 
 
 def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """Load `(model, tokenizer)` for a built-in name, local directory or hub id."""
+    """Load `(model, tokenizer)` for a built-in name, local directory or hub id; for a
+    given model's id, the registered objects themselves (in the dtype they have)."""
+    check_model(name)
+    given = given_model(name) if is_given(name) else None
+    model, tokenizer = given if given is not None else _load_named(name, dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    use_safe_sdpa(model)  # left padding must not put NaN into gradients on CUDA
+    return model, tokenizer
+
+
+def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
 
-    check_model(name)
     offline = not downloads_allowed()
     try:
         tokenizer = load_tokenizer(name)
@@ -203,8 +239,6 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
         hint = "" if not offline else " (set RLDOJO_ALLOW_DOWNLOAD=1 to fetch from the hub)"
         first = " ".join(str(exc).split())[:300]
         raise ModelLoadError(f"cannot load model {name!r}: {first}{hint}") from exc
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    use_safe_sdpa(model)  # left padding must not put NaN into gradients on CUDA
     return model, tokenizer
 
 

@@ -6,11 +6,17 @@ A full fine-tuning checkpoint is a model directory (`from_pretrained`); a LoRA c
 holds the adapter only, so resuming loads the base (`model.name`) and the adapter onto it
 (`rldojo.policy.lora`). Weights load on the host and move to the device once, so a
 checkpoint written on a GPU resumes on a CPU and back.
+
+A model object given to the run (`rldojo.policy.given_models`) is trained in place: moved
+to the device, wrapped with the adapters (peft injects them into the object itself), or,
+on a full fine-tuning resume, given the checkpoint's weights. Its KL reference is a copy,
+never the object.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,7 @@ import torch
 
 from rldojo.config import ConfigError, ModelConfig, TrainConfig
 from rldojo.policy import lora as lora_lib
+from rldojo.policy.given_models import is_given
 from rldojo.policy.models import check_model, load_model
 
 
@@ -46,14 +53,19 @@ def load_training_model(
 ) -> tuple[Any, Any]:
     """`(model, tokenizer)` in train mode on `device`: the checkpoint's weights when given
     (full weights, or `model.name` plus the checkpoint's adapter under LoRA)."""
-    if model.lora is None:
+    if model.lora is None and checkpoint is not None and is_given(model.name):
+        net, tokenizer = load(model.name)  # the object keeps training: it takes the weights
+        net.load_state_dict(load(str(checkpoint))[0].state_dict())
+    elif model.lora is None:
         net, tokenizer = load(str(checkpoint) if checkpoint else model.name)
     else:
         base, tokenizer = load(model.name)
-        if checkpoint is not None and lora_lib.is_adapter_dir(checkpoint):
-            net = lora_lib.load_adapter(base, checkpoint, trainable=True)
-        else:
-            net = lora_lib.add_lora(base, model.lora, model.name)
+        with warnings.catch_warnings():  # a given object's adapters of an earlier run: replaced
+            warnings.filterwarnings("ignore", "Already found a `peft_config`")
+            if checkpoint is not None and lora_lib.is_adapter_dir(checkpoint):
+                net = lora_lib.load_adapter(base, checkpoint, trainable=True)
+            else:
+                net = lora_lib.add_lora(base, model.lora, model.name)
     net = net.to(device)
     net.train()
     return net, tokenizer
@@ -68,9 +80,16 @@ def load_reference(
 ) -> Any:
     """The KL reference, the initial model, in eval mode on `device`: a copy of the
     freshly loaded model, or the base loaded again after a resume or under LoRA (whose
-    wrapped model is not the base)."""
+    wrapped model is not the base). A given model's reference is a copy: of the model, or
+    of the base under its adapters (they are removed, not merged)."""
     if checkpoint is None and model.lora is None:
         ref = copy.deepcopy(trained)
+    elif is_given(model.name) and model.lora is not None:
+        ref = copy.deepcopy(trained).unload()  # the base's weights never train under LoRA
+    elif is_given(model.name):
+        raise ConfigError("loss.kl_coef: a resumed full fine-tuning run of a model object has "
+                          "no initial weights left for its KL reference (the object trained "
+                          "in place); resume with loss.kl_coef = 0, or use model.lora")  # fmt: skip
     else:
         ref = load(model.name)[0]
     ref.requires_grad_(False)

@@ -15,18 +15,18 @@ steady. To keep the prompt short and fair:
 `grade_group(rollouts, task)` judges an explicit group. `grade(rollout, task)` (the
 `Grader` protocol, called once per sample by the trainer) gathers the samples of one
 group — same task id, seed and policy version — and judges them together when
-`group_size` have arrived, or `gather_window_s` after the last one arrived.
+`group_size` have arrived, or `gather_window_s` after the last one arrived
+(`rldojo.graders.gathering`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rldojo.graders.gathering import GroupGathering
 from rldojo.graders.judges.client import (
     JudgeClient,
     JudgeError,
@@ -74,13 +74,6 @@ def shared_prefix(texts: Sequence[str], min_chars: int = 64) -> str:
     return prefix if len(prefix) >= min_chars else ""
 
 
-@dataclass
-class _Gathering:
-    task: Task
-    members: list[tuple[Rollout, asyncio.Future[Score]]] = field(default_factory=list)
-    timer: asyncio.TimerHandle | None = None
-
-
 class GroupJudgeGrader:
     """Scores all samples of a group in one judge call (see the module docstring)."""
 
@@ -118,8 +111,8 @@ class GroupJudgeGrader:
         self.template_hash = hashlib.sha256(
             f"group/{self.version}\n{self.system}\n{instructions}\n{view}".encode()
         ).hexdigest()[:16]
-        self._gathering: dict[tuple[Any, ...], _Gathering] = {}
-        self._running: set[asyncio.Task[None]] = set()
+        self._gathering = GroupGathering(self.grade_group, name=name, group_size=group_size,
+                                         window_s=gather_window_s)  # fmt: skip
 
     # -------------------------------------------------------------- one explicit group
 
@@ -282,36 +275,4 @@ class GroupJudgeGrader:
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         """Wait for the rest of this sample's group, then judge the group (module docstring)."""
-        loop = asyncio.get_running_loop()
-        key = (id(loop), task.id, rollout.seed, rollout.policy_version)
-        gathering = self._gathering.setdefault(key, _Gathering(task))
-        future: asyncio.Future[Score] = loop.create_future()
-        gathering.members.append((rollout, future))
-        if gathering.timer is not None:
-            gathering.timer.cancel()
-        if self.group_size is not None and len(gathering.members) >= self.group_size:
-            self._fire(key)
-        else:
-            gathering.timer = loop.call_later(self.gather_window_s, self._fire, key)
-        return await future
-
-    def _fire(self, key: tuple[Any, ...]) -> None:
-        gathering = self._gathering.pop(key, None)
-        if gathering is None:
-            return
-        if gathering.timer is not None:
-            gathering.timer.cancel()
-        job = asyncio.ensure_future(self._judge_gathered(gathering))
-        self._running.add(job)
-        job.add_done_callback(self._running.discard)
-
-    async def _judge_gathered(self, gathering: _Gathering) -> None:
-        members = sorted(gathering.members, key=lambda m: m[0].sample_index)
-        try:
-            scores = await self.grade_group([r for r, _ in members], gathering.task)
-        except Exception as exc:  # a bug here must not leave the trainer waiting
-            why = f"{self.name} raised {type(exc).__name__}: {exc}"
-            scores = [Score.failed("error", why) for _ in members]
-        for (_, future), score in zip(members, scores, strict=True):
-            if not future.done():
-                future.set_result(score)
+        return await self._gathering.grade(rollout, task)
