@@ -71,7 +71,8 @@ def test_env_kwarg_value_the_factory_rejects_is_one_line(tmp_path, no_model_load
     out = f"run.output_dir={tmp_path / 'runs'}"
     result = runner.invoke(app, ["train", *TINY, "--set", "env.kwargs={levels=[9]}",
                                  "--set", out])  # fmt: skip
-    _one_line_error(result, "env.kwargs: arith-v1", "levels")
+    line = _one_line_error(result, "levels")
+    assert line.startswith("error: --set env.kwargs: arith-v1: ")  # --set gave it, no file
     assert not (tmp_path / "runs").exists()
 
 
@@ -79,8 +80,14 @@ def test_unknown_env_is_found_before_the_run_dir_and_the_model(tmp_path, no_mode
     result = runner.invoke(
         app, ["train", *TINY, "--set", "env.id=arith-v2", "--set", f"run.output_dir={tmp_path}"]
     )
-    _one_line_error(result, "unknown environment 'arith-v2'", "did you mean 'arith-v1'")
+    line = _one_line_error(result, "unknown environment 'arith-v2'", "did you mean 'arith-v1'")
+    assert line.startswith("error: --set env.id: unknown environment")  # not "defaults:"
     assert list(tmp_path.iterdir()) == []
+    config = tmp_path / "c.toml"  # the file gave it: the file and the key are named
+    config.write_text('[env]\nid = "arith-v2"\n')
+    line = _one_line_error(runner.invoke(app, ["train", str(config), *TINY]), "did you mean")
+    assert line.startswith(f"error: {config}: env.id: unknown environment 'arith-v2'")
+    config.unlink()
 
 
 def test_missing_model_directory_is_one_line(tmp_path, no_model_load):
@@ -289,15 +296,20 @@ def test_usage_errors_exit_2_on_stderr():
 
 
 @pytest.mark.parametrize(
-    ("stop", "code"),
+    ("stop", "code", "line"),
     [
-        (FailureBudgetExceeded("3 of 4 rollouts could not be scored (grade/error)"), 1),
-        (RunInterrupted("interrupted after step 2; resume with --resume runs/x", step=2), 130),
-        (ConfigValueError("model.lora.layers: layer 9 is out of range"), 2),  # a user error
+        (FailureBudgetExceeded("3 of 4 rollouts could not be scored (grade/error)"), 1,
+         "error: 3 of 4 rollouts could not be scored (grade/error)"),
+        # an interrupt the user asked for is no error
+        (RunInterrupted("interrupted at step 2; resume with: rldojo train --resume runs/x",
+                        step=2), 130, "interrupted at step 2; resume with: rldojo train "
+         "--resume runs/x"),
+        (ConfigValueError("model.lora.layers: layer 9 is out of range"), 2,  # a user error
+         "error: model.lora.layers: layer 9 is out of range"),
     ],
-)
+)  # fmt: skip
 def test_main_maps_a_run_stop_or_user_error_to_its_exit_code_and_one_line(
-    monkeypatch, capsys, stop, code
+    monkeypatch, capsys, stop, code, line
 ):
     def stopped(*args, **kwargs):
         raise stop
@@ -308,7 +320,28 @@ def test_main_maps_a_run_stop_or_user_error_to_its_exit_code_and_one_line(
         cli.main()
     assert info.value.code == code
     captured = capsys.readouterr()
-    assert captured.out == "" and _lines(captured.err) == [f"error: {stop}"]
+    assert captured.out == "" and _lines(captured.err) == [line]
+
+
+def test_debug_shows_the_traceback_a_failed_grade_kept(monkeypatch, capsys):
+    """A stop for failed grades is one line; with --debug the user's frame comes first."""
+    trace = 'Traceback (most recent call last):\n  File "mine.py", line 3, in my_reward\n' \
+            "KeyError: 'c'\n"  # fmt: skip
+    stop = FailureBudgetExceeded("grader error in 8/8 samples of step 1: KeyError: 'c'",
+                                 traceback=trace)  # fmt: skip
+
+    def stopped(*args, **kwargs):
+        raise stop
+
+    monkeypatch.setattr("rldojo.envs.registry.list_envs", stopped)
+    for argv, shown in ((["rldojo", "envs"], False), (["rldojo", "--debug", "envs"], True)):
+        monkeypatch.setitem(cli._debug, "on", False)
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as info:
+            cli.main()
+        err = capsys.readouterr().err
+        assert info.value.code == 1 and _lines(err)[-1] == f"error: {stop}"
+        assert ('File "mine.py", line 3, in my_reward' in err) is shown
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium (make test)")

@@ -47,11 +47,11 @@ def test_round_trip_through_dump(tmp_path):
         ("[loss]\nrho = 1.5\n", [], "c.toml: loss.rho: Input should be less than or equal to 1"),
         ("[loss]\nrhoo = 0.2\n", [], "c.toml: loss.rhoo: unknown key"),
         ("[loss\n", [], "c.toml: invalid TOML"),
-        ("", ["optim.lr=-1"], "c.toml + --set: optim.lr: Input should be greater than 0"),
-        ("", ["loss.scope=everything"], "c.toml + --set: loss.scope: Input should be"),
+        ("", ["optim.lr=-1"], "--set optim.lr: Input should be greater than 0"),
+        ("", ["loss.scope=everything"], "--set loss.scope: Input should be"),
         ("[loss]\neps_low = 1.0\n", [], "c.toml: loss.eps_low: Input should be less than 1"),
-        ("", ["loss.dual_clip=1.0"], "c.toml + --set: loss.dual_clip: Input should be greater"),
-        ("", ["optim.mini_batches=0"], "c.toml + --set: optim.mini_batches: Input should be"),
+        ("", ["loss.dual_clip=1.0"], "--set loss.dual_clip: Input should be greater"),
+        ("", ["optim.mini_batches=0"], "--set optim.mini_batches: Input should be"),
     ],
 )
 def test_errors_are_one_line_and_name_the_key(tmp_path, text, overrides, expected):
@@ -70,8 +70,8 @@ def test_errors_are_one_line_and_name_the_key(tmp_path, text, overrides, expecte
     [
         ("[rollout]\ngroup_sise = 4\n", [],
          "c.toml: rollout.group_sise: unknown key (did you mean group_size?)"),
-        ("", ["rollout.group_sise=4"],
-         "c.toml + --set: rollout.group_sise: unknown key (did you mean group_size?)"),
+        ("", ["rollout.group_sise=4"],  # --set gave the key: no file is blamed
+         "--set rollout.group_sise: unknown key (did you mean group_size?)"),
         ("[rolout]\n", [], "c.toml: rolout: unknown key (did you mean rollout?)"),
         ("[model]\nlora = { rr = 4 }\n", [],
          "c.toml: model.lora.rr: unknown key (did you mean r?)"),
@@ -85,7 +85,26 @@ def test_unknown_keys_name_the_closest_key_of_their_section(tmp_path, text, over
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
         load_config(path, overrides)
-    assert str(info.value) == f"{tmp_path}/{expected}"
+    assert str(info.value) == (expected if overrides else f"{tmp_path}/{expected}")
+
+
+def test_an_error_names_where_its_value_came_from():
+    """An override that set the key (or a table above or below it) is blamed, not the file."""
+    from rldojo.config import blame
+
+    assert blame("loss.rho: too big", "c.toml", ["optim.lr=1"]) == "c.toml: loss.rho: too big"
+    assert blame("loss.rho: too big", "c.toml", ["loss.rho=2"]) == "--set loss.rho: too big"
+    assert blame("env.kwargs.levls: no", "c.toml", ["env.kwargs={levls=1}"]) == (
+        "--set env.kwargs.levls: no")  # fmt: skip
+    assert blame("env.kwargs: arith-v1: bad", None, ["env.kwargs.levels=[9]"]) == (
+        "--set env.kwargs: arith-v1: bad")  # fmt: skip
+    assert blame("env.mix.1.id: unknown", "c.toml", ["env.mix[1].id=x"]) == (
+        "--set env.mix.1.id: unknown")  # fmt: skip
+    assert blame("env.id: unknown", None, []) == "defaults: env.id: unknown"
+    # a message that names no key of the config: the file, and the overrides if any
+    assert blame("unknown environment 'x'", None, ["run.steps=1"]) == (
+        "defaults + --set: unknown environment 'x'")  # fmt: skip
+    assert blame("neither: a key", "c.toml", []) == "c.toml: neither: a key"
 
 
 def test_missing_file_and_bad_override(tmp_path):
@@ -248,7 +267,8 @@ def test_none_for_a_key_that_does_not_admit_none_is_a_one_line_error(tmp_path, t
     with pytest.raises(ConfigError) as info:
         load_config(path, overrides)
     message = str(info.value)
-    assert "\n" not in message and message.startswith(str(path))
+    assert "\n" not in message
+    assert message.startswith("--set loss.rho: " if overrides else f"{path}: loss.rho: ")
     assert "loss.rho: Input should be a valid number" in message
     assert "'none' is None only for a key whose type admits None" in message
 

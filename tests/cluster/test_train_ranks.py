@@ -151,6 +151,6 @@ def test_ranks_as_actors_need_ray():
     with pytest.raises(ConfigError) as refused:
         load_config(None, ["run.train_ranks=2"])
     assert str(refused.value) == (
-        "defaults + --set: run.train_ranks: 2 ranks as Ray actors need run.cluster = 'ray'; "
+        "--set run.train_ranks: 2 ranks as Ray actors need run.cluster = 'ray'; "
         "on this machine use rldojo train --nproc 2 (torchrun) instead"
     )

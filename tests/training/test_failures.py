@@ -5,7 +5,9 @@ run whose failures stay under the budget trains to the end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import traceback
 
 import pytest
 from tiny_config import tiny_overrides
@@ -13,8 +15,11 @@ from typer.testing import CliRunner
 
 from rldojo.cli import app
 from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.function_reward import rows_to_tasks
 from rldojo.envs.registry import register
+from rldojo.envs.reward_functions import FunctionGrader
 from rldojo.training.failures import FailureBudget
+from rldojo.training.stops import GradeFailure
 from rldojo.types import Rollout, Score, Task
 
 
@@ -190,3 +195,27 @@ def test_budget_counts_by_kind_and_names_the_most_common_first_error():
 def test_a_truncated_but_graded_episode_is_not_a_failure(status):
     budget = FailureBudget(0.5, 1)
     assert _observe(budget, 1, [_sample(0, status)] * 4) is None
+
+
+def bad_reward(prompt, completion):
+    return {"a": 1}[completion]  # a KeyError in the user's own frame
+
+
+def test_a_failing_reward_is_the_stops_cause_with_its_traceback():
+    """The exception a reward function raised stays readable: its traceback is in the
+    failed grade's provenance (the ledger keeps it) and is the `__cause__` of the stop,
+    which `rldojo --debug` prints."""
+    (task,) = rows_to_tasks([{"prompt": "p"}])
+    rollout = Rollout(task_id=task.id, env="x", messages=[], completion="c")
+    score = asyncio.run(FunctionGrader(bad_reward).grade(rollout, task))
+    assert (score.status, score.explanation) == ("error", "KeyError: 'c'")
+    kept = score.provenance["traceback"]
+    assert kept.startswith("Traceback (most recent call last):")
+    assert ", in bad_reward\n" in kept and kept.rstrip().endswith("KeyError: 'c'")
+    assert "reward_functions.py" not in kept  # from the user's frame on
+    stop = FailureBudget(0.5, 1).observe(1, [rollout], [score])
+    assert stop is not None and isinstance(stop.__cause__, GradeFailure)
+    shown = "".join(traceback.format_exception(stop))  # what --debug prints
+    assert ", in bad_reward" in shown and "direct cause of the following exception" in shown
+    ok = FailureBudget(0.5, 1).observe(1, *zip(*[_sample(0, grade="error")], strict=True))
+    assert ok is not None and ok.__cause__ is None  # a failure without a traceback

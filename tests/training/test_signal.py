@@ -5,6 +5,7 @@ metrics for the equal-reward causes)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -16,7 +17,14 @@ from rldojo.envs.reasoning_gym.env import ReasoningGymGrader
 from rldojo.graders.composite import answer_reward
 from rldojo.graders.rules import NO_ANSWER_FLAG, ExactMatchGrader
 from rldojo.training.preflight import build_mixture
-from rldojo.training.signal import SignalWatch, diagnose, expected_answer, signal_watch
+from rldojo.training.signal import (
+    NoSignal,
+    SignalWatch,
+    diagnose,
+    expected_answer,
+    no_signal_report,
+    signal_watch,
+)
 from rldojo.training.step_metrics import rollout_metrics
 from rldojo.training.trainer import Trainer
 from rldojo.types import Rollout, Score, Task
@@ -88,7 +96,8 @@ def test_a_real_step_without_signal_names_the_token_limit(tmp_path):
     assert metrics["rollout/groups_informative"] == 0
     assert metrics["signal/truncated"] >= 0.5 and metrics["signal/no_answer"] == 1.0
     line = watch.observe(1, metrics)
-    assert line is not None and line.startswith("no learning signal at step 1 (0 of 2 groups")
+    assert line is not None
+    assert line.startswith("warning: no learning signal at step 1 (0 of 2 groups")
     assert "of completions hit sampling.max_new_tokens = 6: raise it" in line
     assert "had no extractable answer" in line
     assert watch.expects == "a line 'Answer: <number>'"
@@ -100,19 +109,25 @@ def test_rldojo_train_prints_the_line_under_the_step_line(tmp_path):
 
     from rldojo.cli import app
 
-    sets = [*TINY, f"run.output_dir={tmp_path}", "run.steps=2", "run.report_to=[]"]
+    sets = [*TINY, f"run.output_dir={tmp_path}", "run.steps=2", "run.report_to=[]", "run.name=r"]
     result = CliRunner().invoke(app, ["train", *[a for x in sets for a in ("--set", x)]])
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
+    lines = result.stdout.splitlines()
     first = next(i for i, x in enumerate(lines) if x.startswith("step   1"))
-    assert lines[first + 1].startswith("no learning signal at step 1 (0 of 2 groups")
-    assert not any(x.startswith("no learning signal at step 2") for x in lines)  # unchanged
+    assert lines[first + 1].startswith("warning: no learning signal at step 1 (0 of 2 groups")
+    assert not any("no learning signal at step 2" in x for x in lines)  # unchanged
+    # a successful run keeps stderr for warnings and errors: no third-party progress bars
+    # (transformers' "Writing model shards" as the checkpoint is saved)
+    assert result.stderr == ""
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert [d["cause"] for d in summary["no_signal"]] == ["truncated"]
+    assert summary["no_signal"][0]["steps"] == [1, 2]  # said once, recorded for each step
 
 
 def _no_signal(**values: float) -> dict[str, float]:
     base = {"rollout/groups": 4, "rollout/groups_informative": 0, "rollout/samples": 16,
             "signal/truncated": 0.0, "signal/no_answer": 0.0, "reward/pass_rate": 0.0,
-            "reward/mean": 0.0}  # fmt: skip
+            "reward/mean": 0.0, "reward/std": 0.0}  # fmt: skip
     return base | values
 
 
@@ -124,8 +139,17 @@ def _no_signal(**values: float) -> dict[str, float]:
         ({"signal/no_answer": 0.91}, "no_answer", "91% had no extractable answer: the env "
          "expects <answer>…</answer>"),
         ({}, "too_hard", "no completion passed (reward +0.00): too hard"),
+        ({"reward/mean": -0.4, "reward/std": 0.3}, "too_hard", "no completion passed"),
         ({"reward/pass_rate": 1.0, "reward/mean": 1.0}, "too_easy", "every completion passed"),
-        ({"reward/pass_rate": 0.5}, "equal_groups", "50% passed, but every group was all-pass"),
+        # every sample passed: the token limit is not why, however many were cut
+        ({"reward/pass_rate": 1.0, "reward/mean": 1.0, "signal/truncated": 1.0,
+          "signal/no_answer": 1.0}, "too_easy", "every completion passed (reward +1.00)"),
+        ({"reward/mean": 0.3}, "constant_reward", "every reward was +0.30: the reward does "
+         "not vary"),
+        ({"reward/pass_rate": 0.5, "reward/mean": 0.5}, "constant_reward",
+         "every reward was +0.50"),  # a grader's `correct` passes some, the values are equal
+        ({"reward/pass_rate": 0.5, "reward/mean": 0.5, "reward/std": 0.5}, "equal_groups",
+         "50% passed, but every group was all-pass"),
         ({"rollout/status_env_error": 12}, "failures", "75% of rollouts or grades failed "
          "(status_env_error 12)"),
     ],
@@ -152,6 +176,18 @@ def test_the_watch_speaks_on_the_first_step_on_a_new_cause_and_every_n_silent_st
     assert watch.observe(9, {"reward/mean": 0.0}) is None  # no group counts: nothing to say
     with pytest.raises(ValueError, match="every"):
         SignalWatch(48, every=0)
+
+
+def test_the_report_groups_the_steps_without_signal_by_cause():
+    cut = _no_signal(**{"signal/truncated": 0.9})
+    easy = _no_signal(**{"reward/pass_rate": 1.0, "reward/mean": 1.0})
+    signal = _no_signal(**{"rollout/groups_informative": 2})
+    steps = [{"step": i, **m} for i, m in enumerate([cut, signal, easy, cut, easy], 1)]
+    report = no_signal_report([*steps, {"step": 6, "loss": 0.1}], 48)  # 6: no group counts
+    assert [(r.cause, r.steps) for r in report] == [("truncated", (1, 4)), ("too_easy", (3, 5))]
+    assert report[0].text == diagnose(cut, 48).text
+    assert NoSignal.from_dict(report[1].as_dict()) == report[1]  # summary.json round-trips
+    assert no_signal_report([steps[1]], 48) == []
 
 
 def test_the_expected_answer_comes_from_the_environments_unless_a_spec_grades():

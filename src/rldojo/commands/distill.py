@@ -20,6 +20,9 @@ from typing import Annotated
 
 import typer
 
+from rldojo.commands.ui import check_envs_early, console, fail, parse_env_kwargs, stop, user_errors
+from rldojo.training.stops import RunStopped
+
 _KEYS = {  # option -> config key
     "teacher": "distill.teacher", "student": "model.name", "env": "env.id",
     "divergence": "distill.divergence", "sequences": "distill.sequences", "steps": "run.steps",
@@ -78,10 +81,8 @@ def distill(
     """Distil a teacher into a student (forward or reverse KL, teacher or student sequences).
 
     Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted."""
-    from rldojo.commands.ui import check_envs_early, console, fail, parse_env_kwargs, user_errors
     from rldojo.config import ConfigError, load_config
     from rldojo.store.run_dir import RunDirError
-    from rldojo.training.stops import RunStopped
 
     given = {k: v for k, v in locals().items() if k in _KEYS and v is not None}
     overrides = [f"{_KEYS[k]}={_toml(v)}" for k, v in given.items()]
@@ -106,7 +107,7 @@ def distill(
         summary = run_distill(cfg, run_dir=out, resume=resume is not None, overwrite=overwrite,
                               console=console)  # fmt: skip
     except RunStopped as exc:
-        fail(str(exc), code=exc.exit_code)
+        stop(exc)
     except (ConfigError, RunDirError) as exc:
         fail(str(exc))
     except errors as exc:

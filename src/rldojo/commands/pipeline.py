@@ -45,7 +45,7 @@ def pipeline(
 
     Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted (the
     same command resumes)."""
-    from rldojo.commands.ui import console, fail, user_errors
+    from rldojo.commands.ui import console, fail, stop, user_errors
     from rldojo.config import ConfigError
     from rldojo.store.run_dir import RunDirError
     from rldojo.training.pipeline import run_pipeline
@@ -57,7 +57,7 @@ def pipeline(
         summary = run_pipeline(config, set_ or [], run_dir, demos=demos, group_by=by_kind,
                                overwrite=overwrite, console=console)  # fmt: skip
     except RunStopped as exc:
-        fail(f"{exc} (rldojo pipeline: the same command resumes)", code=exc.exit_code)
+        stop(exc, " (rldojo pipeline: the same command resumes)")
         return
     except (ConfigError, RunDirError) as exc:
         fail(str(exc))

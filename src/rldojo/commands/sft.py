@@ -19,6 +19,8 @@ from typing import Annotated
 
 import typer
 
+from rldojo.commands.ui import check_envs_early, console, fail, relaunch_on_ranks, stop, user_errors
+
 
 def register(app: typer.Typer) -> None:
     app.command("sft")(sft)
@@ -52,19 +54,16 @@ def sft(
     """Fine-tune on demonstrations: loss on assistant tokens only, the RL tokenisation.
 
     Exit codes: 0 done, 2 bad input (nothing started), 1 failed, 130 interrupted."""
-    from rldojo.commands.ui import check_envs_early, console, fail, relaunch_on_ranks, user_errors
-    from rldojo.config import ConfigError, load_config
+    from rldojo.config import ConfigError, blame, load_config
     from rldojo.store.run_dir import RunDirError
     from rldojo.training.stops import RunStopped
 
     relaunch_on_ranks(nproc)
-    source = str(config) if config is not None else "defaults"
     try:
         if resume is not None:
             if not (resume / "config.toml").exists():
                 fail(f"{resume}: not a run directory (no config.toml) to resume")
             config, run_dir = config or resume / "config.toml", resume
-            source = str(config)
         cfg = load_config(config, set_ or [])
         check_envs_early(cfg)  # before torch is imported
         from rldojo.training.sft import run_sft
@@ -77,10 +76,10 @@ def sft(
             console.print(f"next: rldojo train CONFIG --set model.name={summary['checkpoint']}",
                           soft_wrap=True)  # fmt: skip
     except RunStopped as exc:
-        fail(str(exc), code=exc.exit_code)
+        stop(exc)
     except (ConfigError, RunDirError) as exc:
         fail(str(exc))
     except user_errors() as exc:  # a data error names its file; the others are the config's
         from rldojo.data.loading import DataError
 
-        fail(str(exc) if isinstance(exc, DataError) else f"{source}: {exc}")
+        fail(str(exc) if isinstance(exc, DataError) else blame(str(exc), config, set_ or []))

@@ -13,9 +13,10 @@ from rldojo.commands.ui import (
     console,
     fail,
     relaunch_on_ranks,
+    stop,
     user_errors,
 )
-from rldojo.config import ConfigError, TrainConfig, load_config
+from rldojo.config import ConfigError, TrainConfig, blame, load_config
 
 
 def register(app: typer.Typer) -> None:
@@ -68,26 +69,32 @@ def train(
     if allow_download:
         os.environ["RLDOJO_ALLOW_DOWNLOAD"] = "1"
     relaunch_on_ranks(nproc)
-    source = str(config or (resume / "config.toml" if resume is not None else "defaults"))
+    path = config or (resume / "config.toml" if resume is not None else None)
     try:
         cfg = _load(config, set_ or [], resume)
         check_envs_early(cfg)  # a typo answers before torch is imported (seconds)
-        from rldojo.training.loop import run_training
-
-        if dry_run:
-            from rldojo.training.preflight import dry_run as describe
-
-            describe(cfg, console)
-        elif resume is not None:
-            run_training(cfg, run_dir=resume, resume=True, force=force, console=console)
-        else:
-            run_training(cfg, overwrite=overwrite, console=console)
+        _run(cfg, resume=resume, dry_run=dry_run, overwrite=overwrite, force=force)
     except RunStopped as exc:  # the failure budget, an interrupt: summary.json says which
-        fail(str(exc), code=exc.exit_code)
+        stop(exc)
     except (ConfigError, RunDirError) as exc:
         fail(str(exc))
-    except user_errors() as exc:  # the config's values were wrong: say which file
-        fail(f"{source}: {exc}")
+    except user_errors() as exc:  # the config's values were wrong: say which file or --set
+        fail(blame(str(exc), path, set_ or []))
+
+
+def _run(cfg: TrainConfig, *, resume: Path | None, dry_run: bool, overwrite: bool,
+         force: bool) -> None:  # fmt: skip
+    """Plan (`--dry-run`), resume or start the run; the trainer is imported only now."""
+    from rldojo.training.loop import run_training
+
+    if dry_run:
+        from rldojo.training.preflight import dry_run as describe
+
+        describe(cfg, console)
+    elif resume is not None:
+        run_training(cfg, run_dir=resume, resume=True, force=force, console=console)
+    else:
+        run_training(cfg, overwrite=overwrite, console=console)
 
 
 def _load(config: Path | None, overrides: list[str], resume: Path | None) -> TrainConfig:

@@ -5,8 +5,9 @@ A training config is a TOML file whose tables match the sections below (`[model]
 `[eval]`, `[run]`; `[model]` is in `rldojo.config.model`, `[run]` in `rldojo.config.run`,
 `[sft]` for `rldojo sft` in `rldojo.config.sft`); every key is optional and documented
 once, where it is defined. Unknown keys are errors (typos must not silently fall back to
-defaults). Every error is one line naming the file and the key, e.g.
-`my.toml: loss.rho: Input should be less than or equal to 1`. TOML has no null: a key
+defaults). Every error is one line naming where the value came from and the key, e.g.
+`my.toml: loss.rho: Input should be less than or equal to 1`, or `--set loss.rho: ...`
+when an override gave it (`blame`). TOML has no null: a key
 whose type admits None takes `"none"` for None (`rldojo.config.base`). A top-level
 `recipe = "dapo"` fills in a named set of defaults under the file's own keys
 (`rldojo.config.recipes`).
@@ -20,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from rldojo.config.base import ConfigError, _Section, format_error, toml_data
+from rldojo.config.base import ConfigError, _Section, describe_error, toml_data
 from rldojo.config.base import ConfigValueError as ConfigValueError  # re-exported
 from rldojo.config.distill import DistillSection
 from rldojo.config.model import LoraSection as LoraSection  # re-exported
@@ -29,6 +30,8 @@ from rldojo.config.recipes import RecipeName, apply_recipe
 from rldojo.config.run import RunConfig as RunConfig  # re-exported
 from rldojo.config.run import Tracker as Tracker
 from rldojo.config.sft import SftConfig
+from rldojo.config.sources import blame as blame  # re-exported
+from rldojo.config.sources import value_source as value_source
 
 
 class EnvMixEntry(_Section):
@@ -335,22 +338,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a TOML config (or the defaults when `path` is None) and apply overrides."""
     data: dict[str, Any] = {}
-    source = "defaults"
     if path is not None:
-        source = str(path)
         try:
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{source}: file not found") from None
+            raise ConfigError(f"{path}: file not found") from None
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     if overrides:
         data = apply_overrides(data, overrides)
-        source += " + --set"
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_error(source, exc, TrainConfig)) from None
+        raise ConfigError(blame(describe_error(exc, TrainConfig), path, overrides or [])) from None
 
 
 def dump_config(config: TrainConfig) -> str:

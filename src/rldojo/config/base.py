@@ -97,6 +97,12 @@ def format_error(source: str, exc: ValidationError, root: type[BaseModel]) -> st
     """`source: key: message` for the first error of validating `root`; an unknown key
     names the closest key of its section, e.g.
     `my.toml: rollout.group_sise: unknown key (did you mean group_size?)`."""
+    return f"{source}: {describe_error(exc, root)}"
+
+
+def describe_error(exc: ValidationError, root: type[BaseModel]) -> str:
+    """`key: message` for the first error of validating `root` (`format_error` without
+    its source)."""
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     msg = err["msg"]
@@ -105,7 +111,7 @@ def format_error(source: str, exc: ValidationError, root: type[BaseModel]) -> st
     elif _is_none_text(err.get("input")):
         msg += f" ({err['input']!r} is None only for a key whose type admits None)"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{source}: {where}: {msg}{more}"
+    return f"{where}: {msg}{more}"
 
 
 def _did_you_mean(root: type[BaseModel], loc: tuple[int | str, ...]) -> str:

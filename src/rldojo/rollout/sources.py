@@ -230,8 +230,8 @@ class AsyncSource:
                 info["time/wait_rollouts"] = waited
                 return batch, info
             dropped += len(batch.groups)
-            log.warning("dropped %d groups %d versions old (max lag %d)", len(batch.groups),
-                        lag, self.max_lag)  # fmt: skip
+            log.info("dropped %d groups %d versions old (max lag %d)", len(batch.groups),
+                     lag, self.max_lag)  # fmt: skip
 
     def collect(self, step: int, version: int) -> Collected:
         """Batches until enough groups carry signal (dynamic sampling), within the bound."""
@@ -258,8 +258,8 @@ class AsyncSource:
                 if time.monotonic() - warned_at >= self.wait_warn_s:
                     warned_at = time.monotonic()
                     busy = time.monotonic() - self.activity_since
-                    log.warning("trainer waiting on rollouts: producer is %s (for %.0fs)",
-                                self.activity, busy)  # fmt: skip
+                    log.info("trainer waiting on rollouts: producer is %s (for %.0fs)",
+                             self.activity, busy)  # fmt: skip
 
     def checkpoint_state(self) -> dict[str, Any]:
         # The producer draws ahead; a resumed run must redraw what was not trained yet.

@@ -1,4 +1,7 @@
-"""A log line when a phase waits too long: what it is waiting on, and for how long."""
+"""A log line when a phase waits too long: what it is waiting on, and for how long.
+
+The line is progress, not a warning (INFO on `rldojo.pipeline`): `rldojo train` prints it
+on stdout with the run's other lines (`rldojo.training.callbacks.PROGRESS_LOGGERS`)."""
 
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ class Watchdog:
             busy = time.monotonic() - since
             last = warned_for[1] if warned_for[0] == since else 0.0
             if activity is not None and busy - last >= self.warn_s:
-                log.warning("still %s (for %.1fs)", activity, busy)
+                log.info("still %s (for %.1fs)", activity, busy)
                 self.warnings += 1
                 warned_for = (since, busy)
 

@@ -1,8 +1,18 @@
 """Callbacks: what a run tells the world, and how the world may stop it.
 
 The run loop (`rldojo.training.loop`) prints nothing and knows no tracker: everything it has
-to say goes to its callbacks, in order. The CLI passes a `ConsoleCallback`; the metric log
+to say goes to its callbacks, in order. The CLI passes a `ConsoleCallback`; the Python API
+(`rldojo.api`) a `LoggingCallback` unless a `ConsoleCallback` is among the user's (what a
+run says as records of the standard `logging` module, logger `rldojo.run`: with logging
+left unconfigured, Python prints the warnings on stderr and nothing else); the metric log
 (`metrics.jsonl` and the `run.report_to` sinks) is a `MetricsCallback` every run has.
+
+A line for `on_message` that starts with `warning: ` (`WARNING_PREFIX`) is a warning,
+e.g. a step without learning signal (`rldojo.training.signal`); any other is a note.
+Third-party progress bars (transformers' "Loading weights", "Writing model shards", the
+hub's downloads) are off while a run loads and saves models (`quiet_progress_bars`):
+stderr is for warnings and errors. While the steps run, the console prints what the
+rollout pipeline logs about its progress (`PROGRESS_LOGGERS`: "still generating ...").
 
     class StopAt(Callback):
         def __init__(self, reward):
@@ -20,7 +30,8 @@ the final evaluation, a checkpoint, `summary.json` with `stopped` = "callback".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,14 +40,25 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rldojo.report.metrics import MetricsLogger
+from rldojo.report.progress import PhaseProgress, log_lines
 
 __all__ = [
+    "PROGRESS_LOGGERS",
+    "WARNING_PREFIX",
     "Callback",
     "CallbackList",
     "ConsoleCallback",
     "EvalReport",
+    "LoggingCallback",
     "MetricsCallback",
+    "quiet_progress_bars",
 ]
+
+WARNING_PREFIX = "warning: "
+"""An `on_message` line that starts with this is a warning (`LoggingCallback`: WARNING)."""
+PROGRESS_LOGGERS = ("rldojo.pipeline",)
+"""Loggers whose records (INFO and up) a `ConsoleCallback` prints while the steps run: the
+rollout pipeline's "still generating ..." and "trainer waiting on rollouts ..." lines."""
 
 
 class EvalReport(Protocol):
@@ -59,10 +81,16 @@ class Callback:
         `lines` (what the run says about itself: model, precision, threads, device)."""
 
     def on_message(self, line: str) -> None:
-        """One line for a person: a warning, a note, what an interrupt will do."""
+        """One line for a person: a warning (it starts with `warning: `), a note, what an
+        interrupt will do."""
 
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
         """A step is done and committed; `metrics` as `metrics.jsonl` records them."""
+
+    def on_eval_progress(self, label: str, done: int, total: int) -> None:
+        """An evaluation is under way: `done` of its `total` episodes have their answer.
+        `label` names it ("before", "after", "step_K"; from the second turn of
+        multi-turn episodes, with the turn: "before, turn 2")."""
 
     def on_eval(self, label: str, step: int, result: EvalReport) -> None:
         """A held-out evaluation ("before", "after", "step_K") finished at `step`."""
@@ -95,6 +123,10 @@ class CallbackList(Callback):
     def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
         for c in self.callbacks:
             c.on_step_end(step, metrics)
+
+    def on_eval_progress(self, label: str, done: int, total: int) -> None:
+        for c in self.callbacks:
+            c.on_eval_progress(label, done, total)
 
     def on_eval(self, label: str, step: int, result: EvalReport) -> None:
         for c in self.callbacks:
@@ -156,6 +188,7 @@ class ConsoleCallback(Callback):
         self.summary_keys: Sequence[str] = ()
         self._progress: Progress | None = None
         self._bar: Any = None
+        self._eval: PhaseProgress | None = None  # the evaluation under way
 
     def _print(self, line: str, *, markup: bool = True) -> None:
         target = self._progress.console if self._progress is not None else self.console
@@ -176,7 +209,19 @@ class ConsoleCallback(Callback):
         if self._progress is not None:
             self._progress.update(self._bar, completed=step)
 
+    def on_eval_progress(self, label: str, done: int, total: int) -> None:
+        """`evaluating LABEL`: a bar on a terminal, plain lines in a log (`PhaseProgress`)."""
+        if self._eval is None:
+            self._eval = PhaseProgress(self.console, live=self._progress)
+        self._eval.update(f"evaluating {label}", done, total)
+
+    def _end_eval(self) -> None:
+        if self._eval is not None:
+            self._eval.close()
+            self._eval = None
+
     def on_eval(self, label: str, step: int, result: EvalReport) -> None:
+        self._end_eval()
         lo, hi = getattr(result, "ci95", (0.0, 1.0))
         self._print(
             f"held-out accuracy ({label}): [bold]{result.accuracy:.1%}[/] ({result.n} tasks, "
@@ -186,6 +231,7 @@ class ConsoleCallback(Callback):
     def on_end(self, summary: dict[str, Any]) -> None:
         from rich.table import Table
 
+        self._end_eval()  # an evaluation an interrupt cut short
         table = Table(title=f"rldojo {summary.get('command', 'train')}: summary", show_header=False)
         for key in self.summary_keys or summary:
             value = summary.get(key)
@@ -203,7 +249,10 @@ class ConsoleCallback(Callback):
             TimeElapsedColumn(),
             TimeRemainingColumn(),
         )
-        with Progress(*columns, console=self.console, transient=False) as progress:
+        with (
+            Progress(*columns, console=self.console, transient=False) as progress,
+            log_lines(self.on_message, *PROGRESS_LOGGERS),  # with the run's other lines
+        ):
             self._progress = progress
             self._bar = progress.add_task("training", total=self.total,
                                           completed=getattr(self, "_start_step", 0))  # fmt: skip
@@ -211,3 +260,56 @@ class ConsoleCallback(Callback):
                 yield
             finally:
                 self._progress = None
+
+
+class LoggingCallback(Callback):
+    """What a run says, as records of the `rldojo.run` logger (`logging`): the header
+    lines, each step's line and each evaluation's result at INFO; `on_message` lines at
+    INFO, or at WARNING those that start with `warning: ` (the prefix left out of the
+    record), e.g. a step without learning signal. The loop sets `step_line` as it does a
+    `ConsoleCallback`'s."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.logger = logger or logging.getLogger("rldojo.run")
+        self.step_line: Callable[[int, dict[str, Any]], str] | None = None
+        self.summary_keys: Sequence[str] = ()  # unused: the summary is one line
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        from rich.text import Text
+
+        for line in info.get("lines", ()):
+            self.logger.info("%s", Text.from_markup(line).plain)
+
+    def on_message(self, line: str) -> None:
+        if line.startswith(WARNING_PREFIX):
+            self.logger.warning("%s", line.removeprefix(WARNING_PREFIX))
+        else:
+            self.logger.info("%s", line)
+
+    def on_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        self.logger.info("%s", self.step_line(step, metrics) if self.step_line else f"step {step}")
+
+    def on_eval(self, label: str, step: int, result: EvalReport) -> None:
+        self.logger.info("held-out accuracy (%s): %.1f%% (%d tasks)", label,
+                         100 * result.accuracy, result.n)  # fmt: skip
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        got = summary.get
+        self.logger.info("rldojo %s: stopped %s after step %s; %s", got("command"),
+                         got("stopped"), got("steps"), got("run_dir"))  # fmt: skip
+
+
+@contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers' and the hub's progress bars ("Loading weights", "Writing model
+    shards", downloads) off within the block (also as a decorator), as they were after it:
+    they write on stderr, which a run keeps for warnings and errors."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

@@ -20,6 +20,10 @@ A failure is an episode whose status is not `ok`/`truncated` (`env_error`,
 `policy_error`, `timeout`), or a grade whose status is not `ok` (`error`, `timeout`,
 `invalid`). A truncated episode that was graded is not a failure. `run.max_failure_rate
 = 1` turns the budget off.
+
+A stop names the first error message of the most common kind; when those grades kept a
+traceback (a reward function that raised: `rldojo.graders.base.TRACEBACK`), the first is
+the stop's `__cause__`, so `rldojo --debug` shows the frame that raised.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rldojo.envs.base import SingleTurnEnv
-from rldojo.graders.base import Grader
+from rldojo.graders.base import TRACEBACK, Grader
 from rldojo.rollout.episodes import grade_rollouts
 from rldojo.rollout.mixture import EnvMixture
 from rldojo.training.stops import FailureBudgetExceeded
@@ -54,6 +58,7 @@ class _Step:
     total: int
     kinds: Counter[str] = field(default_factory=Counter)
     first: dict[str, str] = field(default_factory=dict)  # kind -> its first error message
+    traces: dict[str, str] = field(default_factory=dict)  # kind -> its first traceback
 
 
 class FailureBudget:
@@ -74,6 +79,8 @@ class FailureBudget:
             if kind is not None:
                 record.kinds[kind] += 1
                 record.first.setdefault(kind, _one_line(score.explanation or rollout.error))
+                if score.provenance.get(TRACEBACK):
+                    record.traces.setdefault(kind, str(score.provenance[TRACEBACK]))
         self._steps.append(record)
         self._observed += 1
         if self.max_rate >= 1.0:
@@ -91,10 +98,13 @@ class FailureBudget:
     def _stop(self, window: list[_Step], *, preflight: bool) -> FailureBudgetExceeded:
         kinds: Counter[str] = Counter()
         first: dict[str, str] = {}
+        traces: dict[str, str] = {}
         for s in window:
             kinds.update(s.kinds)
             for kind, message in s.first.items():
                 first.setdefault(kind, message)
+            for kind, trace in s.traces.items():
+                traces.setdefault(kind, trace)
         total = sum(s.total for s in window)
         worst, _ = kinds.most_common(1)[0]
         a, b = window[0].step, window[-1].step
@@ -108,7 +118,8 @@ class FailureBudget:
                else f"over run.max_failure_rate = {self.max_rate:g}")  # fmt: skip
         message = f"{counted}: {first[worst]} ({why})"
         return FailureBudgetExceeded(message, counts=dict(kinds), total=total, steps=(a, b),
-                                     first_error=first[worst])  # fmt: skip
+                                     first_error=first[worst],
+                                     traceback=traces.get(worst, ""))  # fmt: skip
 
 
 def reference_preflight(
@@ -141,10 +152,11 @@ def reference_preflight(
     kinds = Counter(f"grader {score.status}" for score in scores)
     worst, count = kinds.most_common(1)[0]
     first = next(_one_line(s.explanation) for s in scores if f"grader {s.status}" == worst)
+    trace = next((str(s.provenance[TRACEBACK]) for s in scores if s.provenance.get(TRACEBACK)), "")
     return FailureBudgetExceeded(
         f"grader preflight: {worst} in {count}/{len(scores)} reference answers: {first} "
         "(nothing generated yet)",
-        counts=dict(kinds), total=len(scores), first_error=first,
+        counts=dict(kinds), total=len(scores), first_error=first, traceback=trace,
     )  # fmt: skip
 
 

@@ -3,7 +3,8 @@ loss, `rldojo.training.trainer`) as the run loop (`rldojo.training.loop`) drives
 
 What it adds to the trainer is what a run says and keeps besides the weights: the step
 line, RUN/samples.jsonl (a few graded samples per step), the diagnosis of a step without
-signal (`rldojo.training.signal`), the grader preflight and the summary's rollout counts.
+signal (`rldojo.training.signal`; the summary's `no_signal` groups every such step by its
+cause), the grader preflight and the summary's rollout counts.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class GrpoObjective(Trainer):
             "rollouts": self.ledger.count(),
             "rollouts_trained": self.ledger.count(trained=True),
             "statuses": self.ledger.status_counts(),
+            "no_signal": [found.as_dict() for found in self.watch.report(steps)],
             "precision": self.precision.as_dict(),
             "device": str(self.device),
             "threads": self.threads.as_dict(),

@@ -6,7 +6,9 @@ evaluation, steps to `total_steps` (or `run.max_minutes`, a signal, a callback's
 `should_stop`, the failure budget), evaluations every `eval.every` steps, checkpoints
 every `run.checkpoint_every` steps and at the end, "after", `summary.json`. It prints
 nothing: what it says goes to its callbacks (`rldojo.training.callbacks`), `metrics.jsonl`
-and the trackers included. `run_training` is what `rldojo train` calls. The layout:
+and the trackers included; while an evaluation runs, how far it got (`on_eval_progress`),
+and while the objective is built, what `BUILD_LOGGERS` log (`on_message`). `run_training`
+is what `rldojo train` calls. The layout:
 
     RUN/config.toml        the config as used (after --set overrides)
     RUN/metrics.jsonl      one JSON object per step ("kind": "train") and per evaluation
@@ -23,7 +25,9 @@ and the trackers included. `run_training` is what `rldojo train` calls. The layo
     RUN/summary.json       held-out accuracy before/after, timings, `stopped`: "steps"
                            (`run.steps` reached), "max_minutes" (`run.max_minutes` spent),
                            "failures" (the failure budget, `rldojo.training.failures`) or
-                           "interrupted" (SIGINT/SIGTERM, `rldojo.training.interrupts`)
+                           "interrupted" (SIGINT/SIGTERM, `rldojo.training.interrupts`);
+                           for `train`, `no_signal`: the steps without learning signal by
+                           cause (`rldojo.training.signal.no_signal_report`)
     RUN/config_history.jsonl  each start and resume, with the config keys it changed
 
 A directory that holds a run is never written into by a new run (`rldojo.store.run_dir`).
@@ -47,17 +51,29 @@ from rich.console import Console
 
 from rldojo.config import TrainConfig, load_config
 from rldojo.report.metrics import MetricsLogger
+from rldojo.report.progress import log_lines, with_turn
 from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.store.files import write_atomically
 from rldojo.store.run_dir import RunDirError, claim_run_dir, record_config_change, resume_changes
-from rldojo.training.callbacks import Callback, CallbackList, ConsoleCallback, MetricsCallback
+from rldojo.training.callbacks import (
+    Callback,
+    CallbackList,
+    ConsoleCallback,
+    LoggingCallback,
+    MetricsCallback,
+    quiet_progress_bars,
+)
 from rldojo.training.distributed import Dist, init_dist, world_size_from_env
 from rldojo.training.heldout import save_eval_rows
 from rldojo.training.interrupts import Interrupts
 from rldojo.training.objective import Objective
 from rldojo.training.stops import FailureBudgetExceeded, RunInterrupted, RunStopped
 
-__all__ = ["new_run_dir", "on_ray_ranks", "run_loop", "run_training"]
+__all__ = ["BUILD_LOGGERS", "new_run_dir", "on_ray_ranks", "run_loop", "run_training"]
+
+BUILD_LOGGERS = ("rldojo.policy.models", "rldojo.training.demo_data")
+"""What an objective's build logs (INFO) goes to the callbacks' `on_message`: the one-time
+GGUF conversion of the model, the tokenizing of demonstrations."""
 
 
 def new_run_dir(config: TrainConfig) -> Path:
@@ -118,6 +134,7 @@ def with_console(callbacks: Sequence[Callback], console: Console | None) -> list
     return [*callbacks, *([ConsoleCallback(console)] if console is not None else [])]
 
 
+@quiet_progress_bars()  # stderr is for warnings and errors, not transformers' bars
 def run_loop(
     build: Callable[[Dist], Objective],
     config: TrainConfig,
@@ -147,7 +164,8 @@ def run_loop(
                              overwrite=overwrite, force=force, say=say.on_message)  # fmt: skip
         d.barrier()  # the others build once rank 0 made the directory theirs
         started = time.perf_counter()
-        objective = build(d)
+        with log_lines(say.on_message, *BUILD_LOGGERS):  # the one-time model conversion, ...
+            objective = build(d)
         return _go(objective, d, config, run_dir, resume, changes, callbacks, started)
     finally:
         d.close()
@@ -167,7 +185,7 @@ def _go(objective: Objective, d: Dist, config: TrainConfig, run_dir: Path, resum
                                resume_step=objective.step_num if resume else None,
                                config=config.model_dump(mode="json"))  # fmt: skip
         for c in callbacks:
-            if isinstance(c, ConsoleCallback):
+            if isinstance(c, ConsoleCallback | LoggingCallback):
                 c.step_line, c.summary_keys = objective.step_line, objective.summary_keys
     mine = [MetricsCallback(logger, kind=objective.kind), *callbacks] if logger else []
     calls = CallbackList(mine)
@@ -220,8 +238,12 @@ class _Run:
 
     def _evaluate(self, label: str) -> None:
         obj = self.objective
+
+        def progress(turn: int, done: int, total: int) -> None:
+            self.calls.on_eval_progress(with_turn(label, turn), done, total)
+
         with self.interrupts.immediate():
-            result = obj.evaluate(label)
+            result = obj.evaluate(label, progress)
         if result is not None:  # None: another rank evaluated
             save_eval_rows(obj.run_dir, label, result)
             self.calls.on_eval(label, obj.step_num, result)

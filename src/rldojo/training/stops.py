@@ -6,7 +6,10 @@ with `stopped`), and the exit code each maps to.
     FailureBudgetExceeded   too many rollouts could not be scored (exit 1, "failures")
     RunInterrupted          SIGINT/SIGTERM honoured at a safe point (exit 130, "interrupted")
 
-The message of each is the one line the user reads (printed on stderr by the command).
+The message of each is the one line the user reads (printed on stderr by the command,
+after `error: ` unless `error` is False: an interrupt the user asked for is no error). A
+stop for failed grades has the first one's traceback as its `__cause__` (`GradeFailure`),
+which `rldojo --debug` prints.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_USAGE", "FailureBudgetExceeded",
-           "RunInterrupted", "RunStopped"]  # fmt: skip
+           "GradeFailure", "RunInterrupted", "RunStopped"]  # fmt: skip
 
 EXIT_USAGE = 2
 """Bad input or usage: nothing was started (a config, data file, run directory, flag)."""
@@ -29,6 +32,15 @@ class RunStopped(Exception):
 
     stopped = "error"
     exit_code = EXIT_FAILED
+    error = True
+    """Whether the command prints the line as an error (`error: ` in front)."""
+
+
+class GradeFailure(Exception):
+    """A failed grade as the cause of a stop: its message is the traceback of the exception
+    the grader (or the reward function it called) raised, kept as text
+    (`rldojo.graders.base.TRACEBACK`), since that may have been in another process or
+    before a resume."""
 
 
 class FailureBudgetExceeded(RunStopped):
@@ -37,7 +49,9 @@ class FailureBudgetExceeded(RunStopped):
 
     `counts`: non-ok statuses in the window, by kind (`grade/error`, `rollout/env_error`,
     ...); `total`: rollouts in the window; `steps`: the window's first and last step (0, 0
-    for the preflight); `first_error`: the first error message of the most common kind.
+    for the preflight); `first_error`: the first error message of the most common kind;
+    `traceback`: the first traceback of that kind's grades, if any, also the `__cause__`
+    (a `GradeFailure`).
     """
 
     stopped = "failures"
@@ -51,12 +65,16 @@ class FailureBudgetExceeded(RunStopped):
         total: int = 0,
         steps: tuple[int, int] = (0, 0),
         first_error: str = "",
+        traceback: str = "",
     ) -> None:
         super().__init__(message)
         self.counts = dict(counts or {})
         self.total = total
         self.steps = steps
         self.first_error = first_error
+        self.traceback = traceback
+        if traceback:
+            self.__cause__ = GradeFailure(traceback)
 
 
 class RunInterrupted(RunStopped):
@@ -66,6 +84,7 @@ class RunInterrupted(RunStopped):
 
     stopped = "interrupted"
     exit_code = EXIT_INTERRUPTED
+    error = False
 
     def __init__(self, message: str, *, step: int = 0, checkpoint: str | None = None) -> None:
         super().__init__(message)
