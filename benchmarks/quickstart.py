@@ -85,8 +85,9 @@ def main() -> int:
         argv = [a for i, a in enumerate(sys.argv) if i and i not in skip and a != "--nproc"
                 and not a.startswith("--nproc=")]  # fmt: skip
         # (torchrun's parser would take a passed-on --nproc for its own --nproc-per-node)
-        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                                str(args.nproc), __file__, *argv, "--label", label])  # fmt: skip
+        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node", str(args.nproc), __file__, *argv,
+                                "--label", label])  # fmt: skip
     from rich.console import Console
 
     from rldojo.config import load_config

@@ -78,7 +78,8 @@ def child(args: argparse.Namespace) -> None:
 def _side(world: int, args: argparse.Namespace, tmp: Path) -> list[dict]:
     out = tmp / f"world_{world}"
     out.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(world),
                __file__, "--child", "--model", args.model, "--rows", str(args.rows),
                "--seq", str(args.seq), "--out", str(out)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}

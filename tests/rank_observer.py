@@ -56,8 +56,8 @@ def launch(tmp: Path, module: str, ranks: int, args: list[str],
     script.write_text(CHILD)
     launcher = [sys.executable, str(script)]
     if ranks > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                    str(ranks), str(script)]  # fmt: skip
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", str(ranks), str(script)]  # fmt: skip
     return subprocess.run([*launcher, module, *args], capture_output=True, text=True,
                           timeout=600, env=child_env(**env))  # fmt: skip
 
