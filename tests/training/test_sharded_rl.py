@@ -87,7 +87,7 @@ def _same_first_step(tmp: Path, lora: bool = False) -> None:
     """`tmp/r1` and `tmp/r2` took the same first step: its rollouts, rewards and selected
     positions, its metrics, each mini-batch's reduced gradients (the 1st before any
     optimizer step, 1e-5; the 2nd after one AdamW step on weights that agree to float
-    noise, 1e-3), its checkpoint's weights (1e-4)."""
+    noise, 1e-3), its checkpoint's weights (2e-4 at most, 1e-5 but for a few elements)."""
     one, two = ([r for r in _ledger(tmp / f"r{n}") if r[0] == 0] for n in (1, 2))
     assert len(one) == 3 * 4  # prompts x samples, none twice
     trained = [row for row in one if row[5]]
@@ -109,7 +109,11 @@ def _same_first_step(tmp: Path, lora: bool = False) -> None:
     w1, w2 = (_weights(tmp / f"r{n}", 1) for n in (1, 2))
     assert w1.keys() == w2.keys()  # the tied output layer written once, as one process does
     assert all(("lora_" in k) == lora for k in w1)  # under LoRA the adapters alone
-    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-4
+    # AdamW scales each element's step by its own gradient history, so an element whose
+    # gradient is float noise moves by up to lr (1e-3) either way: on an AVX-512 EPYC one
+    # of 3.2M moved 1.16e-4 apart (mean 8e-9). Bound those few, and how many they are.
+    diffs = torch.cat([(w1[k] - w2[k]).abs().flatten() for k in w1])
+    assert float(diffs.max()) < 2e-4 and float((diffs > 1e-5).float().mean()) < 1e-5
 
 
 def test_two_ranks_select_the_tokens_and_make_the_gradients_of_one(uninterrupted):
