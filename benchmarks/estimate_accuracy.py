@@ -4,16 +4,19 @@ For each config (the quickstart, i.e. the defaults; `examples/code_quickstart.to
 `examples/agentic_arith_tools.toml`), in this order and in one process:
 
 1. the dry run (`rldojo.training.preflight.dry_run`): it calibrates generation and one
-   training micro-batch of the run's model on this machine (`rldojo.training.estimate`)
-   and prices a step; its wall time is recorded too;
+   training micro-batch of the run's model on this machine, plays a few episodes of a
+   multi-turn environment (`rldojo.training.estimate`) and prices a step; its wall time
+   and the load average it was calibrated under are recorded too;
 2. a real run of `--steps` steps (`Trainer.step`), each timed by the trainer
    (`time/step`, with `time/generate` and `time/train`).
 
 Both sides run with `rollout.dynamic_sampling = false` (a step is one round, as the
 estimate prices it) and no held-out evaluation. The estimate assumes every sample uses
 all of `sampling.max_new_tokens` and every group trains; the JSON keeps what the real
-steps did (completion length, share cut at the limit, groups trained) beside the times.
-A multi-turn config has a range (one turn to every turn); both ends are compared. The
+steps did (completion length, share cut at the limit, groups trained, the mean turns of
+a multi-turn environment's episodes) beside the times.
+A multi-turn config is priced at the mean turns of the episodes the calibration played
+(`ratio`), and has a range (one turn to every turn); both ends are compared too. The
 target: the estimate within 1.5x of the mean measured step (`ratio` = estimate /
 measured, between 1/1.5 and 1.5).
 
@@ -68,7 +71,12 @@ def estimate(path: Path | None, overrides: list[str]) -> dict[str, Any]:
     return {
         "step_s": plan.step_s,
         "one_turn_step_s": plan.one_turn_step_s,
+        "all_turns_step_s": plan.all_turns_step_s,
         "turns": plan.turns,
+        "played": plan.played,
+        "mean_turns": plan.mean_turns,
+        "load": plan.load,
+        "cores": plan.cores,
         "basis": plan.basis,
         "dry_run_wall_s": time.perf_counter() - started,
         "plan": plan.lines(),
@@ -79,7 +87,8 @@ def estimate(path: Path | None, overrides: list[str]) -> dict[str, Any]:
 def measure(path: Path | None, overrides: list[str], steps: int, out: Path) -> dict[str, Any]:
     """`steps` real steps of the config; per step its times and what it generated."""
     keys = ("time/step", "time/generate", "time/train", "rollout/completion_len",
-            "signal/truncated", "rollout/groups_informative", "rollout/groups")  # fmt: skip
+            "signal/truncated", "rollout/groups_informative", "rollout/groups",
+            "env/episode/turns")  # fmt: skip
     trainer = Trainer(load_config(path, [*overrides, f"run.steps={steps}"]), out)
     try:
         rows = []
@@ -98,8 +107,9 @@ def compare(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     real = measure(path, overrides, args.steps, work / name)
     measured = real["mean_step_s"]
     ratios = {"ratio": est["step_s"] / measured}
-    if est["turns"] > 1:  # the lower end: every episode ends after its first turn
+    if est["turns"] > 1:  # the range: every episode ends after its first turn, or its last
         ratios["ratio_one_turn"] = est["one_turn_step_s"] / measured
+        ratios["ratio_all_turns"] = est["all_turns_step_s"] / measured
     within = {k: 1 / TARGET <= r <= TARGET for k, r in ratios.items()}
     return {"config": str(path.relative_to(ROOT)) if path else "defaults",
             "overrides": overrides[:-1], "estimate": est, "measured": real, **ratios,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from rldojo.training.estimate import PLAYED_EPISODES
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -41,8 +43,12 @@ def test_the_dry_mode_compares_every_config_and_writes_outside_results():
         assert run["estimate"]["basis"].startswith("calibrated here")
         assert len(run["measured"]["steps"]) == 1
         assert run["ratio"] == run["estimate"]["step_s"] / run["measured"]["mean_step_s"]
-    assert result["runs"]["agentic"]["estimate"]["turns"] > 1  # a range: both ends compared
-    assert "ratio_one_turn" in result["runs"]["agentic"]
+    agentic = result["runs"]["agentic"]
+    assert agentic["estimate"]["turns"] > 1  # priced at the played turns; the range's ends too
+    assert agentic["estimate"]["played"] == PLAYED_EPISODES
+    assert agentic["estimate"]["mean_turns"] == agentic["estimate"]["turns"]  # random: nudged
+    assert {"ratio_one_turn", "ratio_all_turns"} <= set(agentic)
+    assert all(run["estimate"]["load"] >= 0 for run in result["runs"].values())
     assert sorted(p.name for p in RESULTS.iterdir()) == before
 
 

@@ -14,7 +14,7 @@ from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.policy.models import load_model
-from rldojo.training.estimate import Calibration, StepCost, calibrate
+from rldojo.training.estimate import PLAYED_EPISODES, Calibration, StepCost, calibrate
 from rldojo.training.preflight import (
     REASONING_MIN_TOKENS,
     build_mixture,
@@ -79,7 +79,7 @@ def test_a_calibrated_plan_says_so_and_the_probe_plan_stays_as_it_was():
     probe = make_plan(config, mixture, model, tokenizer, gflops=10.0)
     assert "matmul probe 10 GFLOP/s" in probe.lines()[-1] and probe.basis == ""
     calibrated = make_plan(config, mixture, model, tokenizer, 10.0, CAL)
-    assert calibrated.lines()[-1].startswith("estimate (calibrated here in 3 s")
+    assert calibrated.lines()[3].startswith("estimate (calibrated here in 3 s")
     assert calibrated.step_s == pytest.approx(
         StepCost(CAL, config, calibrated.prompt_tokens).step_s(1)
     )
@@ -114,3 +114,57 @@ def test_the_dry_run_prints_the_calibrated_estimate_and_the_warning(tmp_path):
     assert "warning: env mcq-v1: the prompt asks for reasoning" in out
     assert out.rstrip().endswith("dry run: nothing was written")
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # loads tiny-random, plays episodes
+def test_the_plan_prices_the_turns_the_calibration_episodes_took():
+    model, tokenizer = load_model("tiny-random")
+
+    def plan(*sets: str):
+        config = load_config(None, [*TINY, *sets])
+        mixture = build_mixture(config)
+        cal = calibrate(config, mixture, model, tokenizer, torch.float32)
+        assert cal is not None
+        return cal, make_plan(config, mixture, model, tokenizer, 10.0, cal)
+
+    # a random model never calls a tool nor answers: each turn is nudged, to the last
+    tools = ["env.id=arith-tools-v1", "env.kwargs.python=off", "rollout.max_turns=3"]
+    cal, nudged = plan(*tools)
+    assert cal.played_turns == (3,) * PLAYED_EPISODES
+    assert (nudged.turns, nudged.mean_turns) == (3, 3.0)
+    assert nudged.step_s == nudged.all_turns_step_s > nudged.one_turn_step_s
+    # ... or ends the episode after its first move
+    cal, ended = plan(*tools, "env.kwargs.no_action=end")
+    assert cal.played_turns == (1,) * PLAYED_EPISODES
+    assert (ended.turns, ended.mean_turns) == (3, 1.0)
+    assert ended.step_s == ended.one_turn_step_s < ended.all_turns_step_s
+    assert ended.eval_s == ended.one_turn_eval_s < ended.all_turns_eval_s
+    assert f"episodes of 1 turn, the mean of {PLAYED_EPISODES} played here" in ended.lines()[3]
+    assert ended.load == cal.load >= 0 and ended.cores == cal.cores >= 1
+    assert f"calibrated at load {cal.load:.1f} on {cal.cores} core" in ended.lines()[-1]
+    single, _ = plan("env.id=arith-v1")  # answers once: nothing to play
+    assert single.played_turns == ()
+
+
+@pytest.mark.slow  # loads tiny-random
+def test_a_step_is_priced_at_the_mean_turn_count_and_the_load_is_reported():
+    config = load_config(None, [*TINY, "env.id=arith-tools-v1", "env.kwargs.python=off",
+                                "rollout.max_turns=4"])  # fmt: skip
+    mixture = build_mixture(config)
+    model, tokenizer = load_model("tiny-random")
+    cal = replace(CAL, played_turns=(1, 2, 2, 3), load=3.2, cores=2)
+    plan = make_plan(config, mixture, model, tokenizer, 10.0, cal)
+    cost = StepCost(cal, config, plan.prompt_tokens)
+    assert plan.mean_turns == 2.0 and plan.step_s == pytest.approx(cost.step_s(2))
+    assert plan.all_turns_step_s == pytest.approx(cost.step_s(4))
+    halves = make_plan(config, mixture, model, tokenizer, 10.0, replace(cal, played_turns=(1, 2)))
+    assert halves.step_s == pytest.approx((cost.step_s(1) + cost.step_s(2)) / 2)
+    assert "episodes of 1.5 turns, the mean of 2 played here" in halves.lines()[3]
+    assert halves.lines()[-1] == (
+        "load: calibrated at load 3.2 on 2 cores, more than the cores: the estimate is for "
+        "that load (an idle machine is faster, a busier one slower)"
+    )
+    quiet = make_plan(config, mixture, model, tokenizer, 10.0, replace(cal, load=0.5))
+    assert quiet.lines()[-1] == (
+        "load: calibrated at load 0.5 on 2 cores: expect slower steps if the load grows"
+    )

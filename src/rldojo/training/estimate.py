@@ -3,38 +3,50 @@
 `calibrate` times, in a few seconds, the two things a step does, with the pieces the run
 itself uses:
 
+- episodes: a multi-turn environment's episode may end after any turn, so
+  `PLAYED_EPISODES` episodes of the run's first environment are played with the run's
+  sampler and `[sampling]` through the rollout engine, as a step plays them (all but the
+  last turn: an episode still going then takes every turn); a step is priced at the mean
+  of their turn counts (`played_turns`).
 - generation: the run's sampler (`make_policy`: the native sampler in the run's
   generation dtype, its bf16 copy cast per call as in a synchronous run) on real prompts
   of the run's first environment, repeated as a step repeats them, `min(samples,
-  max_batch)` rows at once. One call samples 1 token (the prefill and its sampling), one
-  samples `1 + DECODE_PROBE_TOKENS`; their difference prices the decode steps. Stop
-  tokens are switched off, so every row decodes every token.
+  max_batch)` rows at once. One call samples `1 + DECODE_PROBE_TOKENS` tokens: the time
+  to its first token prices the prefill (and its sampling), the time from there to the
+  last the decode steps. Stop tokens are switched off, so every row decodes every token.
 - training: one `PolicyUpdate.optimize` (forward, loss, backward, clip, AdamW) of one
   micro-batch of the step's shape, cut to `TRAIN_PROBE_ROWS` rows: the real prompts and
   `max_new_tokens` completion tokens, grouped as the step groups them, a `loss.rho` share
   of tokens selected; a step's rows are priced at its price per row. The optimizer's
   learning rate is 0, so no weight moves. A one-row update first allocates the
   optimizer's state and warms the kernels.
+- load: the 1-minute load average when the calibration ends (its own threads included),
+  beside the usable cores. What was timed shared the machine with that load; a run under
+  a different load takes longer or less.
 
 `StepCost` prices a step from these: `ceil(samples / batch)` waves, each a turn prefilling
 its conversation and sampling `max_new_tokens` (the first with the prefill), then every
 micro-batch at the calibrated price, scaled by its tokens. Every sample is assumed to use
 all of `max_new_tokens` (an upper bound on generation and training). A multi-turn
 episode re-encodes its conversation (prompt and two turns' tokens a finished turn) before
-each turn and trains on every turn's tokens.
+each turn and trains on every turn's tokens. A mean turn count between two whole ones is
+priced between their prices (`at_turns`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rldojo.config import TrainConfig
+from rldojo.hardware.threads import usable_cores
 from rldojo.types import Rollout, SamplingParams
 
 if TYPE_CHECKING:  # imported where used: `rldojo estimate` starts without them
@@ -42,7 +54,14 @@ if TYPE_CHECKING:  # imported where used: `rldojo estimate` starts without them
     from rldojo.policy.transformers_backend import TransformersPolicy
     from rldojo.rollout.mixture import EnvMixture
 
-__all__ = ["Calibration", "StepCost", "calibrate"]
+__all__ = ["Calibration", "StepCost", "at_turns", "calibrate", "turn_limit"]
+
+PLAYED_EPISODES = 4
+"""Episodes of a multi-turn environment played at calibration, whose mean turn count
+prices a step. They play together, one batched call a turn: on a CPU a decode step of 4
+rows costs little more than one of 2, so more episodes make a steadier mean almost for
+free. What they cost is their turns: up to `(limit - 1) x max_new_tokens` decode steps,
+most of a multi-turn environment's calibration."""
 
 DECODE_PROBE_TOKENS = 8
 """Decode steps timed beyond the prefill call (their difference prices one step)."""
@@ -67,6 +86,9 @@ class Calibration:
     micro_new: int  # completion tokens of each of its rows
     micro_batch_s: float  # one micro-batch update: forward, backward, optimizer step
     took_s: float  # the calibration itself
+    played_turns: tuple[int, ...] = ()  # model turns of each episode played; (): one turn
+    load: float = 0.0  # the 1-minute load average when the calibration ended
+    cores: int = 1  # the cores this process may use
 
     def describe(self) -> str:
         return (
@@ -89,19 +111,59 @@ def _prompts(config: TrainConfig, mixture: EnvMixture, policy: Policy) -> list[l
     return out
 
 
+def turn_limit(env: Any, max_turns: int) -> int:
+    """The most model turns an episode of `env` may take: `rollout.max_turns` capped by
+    its episode `limits`; 1 for an environment without them (it answers once)."""
+    limits = getattr(env, "limits", None)
+    return 1 if limits is None else min(max_turns, limits.max_turns)
+
+
+def _model_turns(rollout: Rollout) -> int:
+    """Turns the policy took: the runs of policy-written tokens in the completion."""
+    mask = rollout.policy_mask
+    return sum(1 for i, mine in enumerate(mask) if mine and (i == 0 or not mask[i - 1]))
+
+
+def _played_turns(config: TrainConfig, mixture: EnvMixture, policy: Policy) -> tuple[int, ...]:
+    """Model turns of `PLAYED_EPISODES` episodes of the first environment's first tasks,
+    played by `policy` with the run's sampling and episode limits; () where an episode
+    takes one turn, or none ended `ok` or `truncated` (an environment failure).
+
+    The last turn is not played: an episode still going after `limit - 1` turns takes
+    exactly `limit` (the engine or the environment ends it then), so the engine stops it
+    one turn early and it is counted at `limit`."""
+    from rldojo.rollout.episodes import collect_rollouts
+
+    ro, s = config.rollout, config.sampling
+    tasks = next(slot for slot in mixture.slots.values() if slot.train_tasks).train_tasks
+    limit = turn_limit(mixture.make_env_for(tasks[0]), ro.max_turns)
+    if limit < 2:
+        return ()
+    seed = config.run.seed
+    requests = [(tasks[i % len(tasks)], 0, seed + i) for i in range(PLAYED_EPISODES)]
+    sampling = SamplingParams(s.max_new_tokens, s.temperature, s.top_p, tuple(s.stop), seed)
+    rollouts = asyncio.run(collect_rollouts(
+        mixture.make_env_for, policy, requests, sampling, env_timeout_s=ro.env_timeout_s,
+        max_turns=limit - 1, max_episode_tokens=ro.max_episode_tokens,
+    ))  # fmt: skip
+    return tuple(limit if r.info.get("episode/cut") == "turns" else _model_turns(r)
+                 for r in rollouts if r.status in ("ok", "truncated"))  # fmt: skip
+
+
 def _time_generation(policy: TransformersPolicy, prompts: list[list[int]]) -> tuple[float, float]:
     """(seconds to prefill and sample one token, seconds of each further token) of
-    `prompts` decoded together."""
+    `prompts` decoded together, from one call's decode steps."""
     policy.eos_ids = set()  # every row decodes every token: what is timed is fixed
     params = SamplingParams(max_new_tokens=2, temperature=1.0, seed=0)
     policy.generate(prompts[:1], params)  # warm-up: kernels, the copy's first cast
-    timed = []
-    for new in (1, 1 + DECODE_PROBE_TOKENS):
-        t0 = time.perf_counter()
-        policy.generate(prompts, SamplingParams(max_new_tokens=new, temperature=1.0, seed=0))
-        timed.append(time.perf_counter() - t0)
-    decode = max(timed[1] - timed[0], 0.0) / DECODE_PROBE_TOKENS
-    return timed[0], decode
+    steps: list[float] = []  # when each token was sampled
+    t0 = time.perf_counter()
+    policy.generate(
+        prompts,
+        SamplingParams(max_new_tokens=1 + DECODE_PROBE_TOKENS, temperature=1.0, seed=0),
+        on_step=lambda _: steps.append(time.perf_counter()),
+    )
+    return steps[0] - t0, (steps[-1] - steps[0]) / DECODE_PROBE_TOKENS
 
 
 def _micro_batch(prompts: list[list[int]], rows: int, new: int, group: int, pad: int) -> Any:
@@ -160,6 +222,7 @@ def calibrate(
         update={"max_policy_lag": 0})})  # fmt: skip
     policy = make_policy(sync, model, tokenizer, generation_dtype)
     prompts = _prompts(config, mixture, policy)
+    played = _played_turns(config, mixture, policy)  # before stop tokens are switched off
     batch = min(len(prompts), policy.max_batch)
     prefill, decode = _time_generation(policy, prompts[:batch])
     rows, micro = _time_update(config, model, tokenizer.pad_token_id, prompts)
@@ -172,7 +235,18 @@ def calibrate(
         micro_new=config.sampling.max_new_tokens,
         micro_batch_s=micro,
         took_s=time.perf_counter() - started,
+        played_turns=played,
+        load=os.getloadavg()[0],
+        cores=usable_cores(),
     )
+
+
+def at_turns(price: Callable[[int], float], turns: float) -> float:
+    """`price(turns)` at a mean turn count: between the prices of the whole counts on
+    either side, by how far it lies between them."""
+    low = max(math.floor(turns), 1)
+    share = turns - low
+    return price(low) if share <= 0 else (1 - share) * price(low) + share * price(low + 1)
 
 
 @dataclass(frozen=True)
