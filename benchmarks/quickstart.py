@@ -1,12 +1,14 @@
-"""The quickstart, recorded: `rldojo train` with no config, then its summary as a result.
+"""The quickstart, recorded: `rldojo train` with the quickstart's budget, then its summary
+as a result.
 
     python benchmarks/quickstart.py [--label NAME] [--set key=value ...] [--nproc N]
                                     [--results DIR] [--dry]
 
-Runs exactly what `rldojo train` runs with no config (SmolLM2-135M-Instruct on arith-v1,
-12 steps, greedy held-out accuracy on 128 test problems before and after; `--set`
-overrides as `rldojo train`'s) in `runs/quickstart-<label>` (moved aside when it already
-holds a run), and writes `benchmarks/results/quickstart/<label>.json` through
+Runs what `rldojo train` runs with no config (SmolLM2-135M-Instruct on arith-v1, 8 x 8
+samples a step), held to a first hour's budget (`QUICKSTART`): 12 steps or 3 minutes of
+training, whichever ends first, and greedy held-out accuracy on 64 test problems before
+and after (`--set` overrides either, as `rldojo train`'s), printing what `rldojo train`
+prints, in `runs/quickstart-<label>` (moved aside when it already holds a run), and writes `benchmarks/results/quickstart/<label>.json` through
 `results_io`: the manifest (commit, command, machine, versions, date, wall time) beside
 the run's summary — held-out accuracy before and after with 95% intervals, the gain,
 steps, mean step time, wall time, precision, threads — and the per-step reward and pass
@@ -33,6 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import results_io
+
+QUICKSTART = ["eval.tasks=64", "run.max_minutes=3"]
+"""The quickstart's budget over `rldojo train`'s defaults, so `make quickstart` ends within
+10 minutes, install included, on the slowest 2-core CPU seen (an AVX2-only EPYC at ~63 s a
+step fits 3 steps): the held-out gain is separated by the 95% intervals after 2 steps there
+(fp32: 0/64 -> 17/64; docs/studies/2026-12-07-quickstart-budget.md), and faster CPUs train
+more steps in the same 3 minutes."""
 
 DRY = ["model.name=tiny-random", "run.steps=2", "eval.tasks=8", "rollout.prompts_per_step=2",
        "rollout.group_size=2", "sampling.max_new_tokens=8", "run.report_to=[]"]  # fmt: skip
@@ -94,7 +103,7 @@ def main() -> int:
     from rldojo.training.loop import run_training
 
     started = time.time()
-    overrides = [*(DRY if args.dry else []), *args.overrides]
+    overrides = [*QUICKSTART, *(DRY if args.dry else []), *args.overrides]
     output = tempfile.mkdtemp(prefix="quickstart_") if args.dry else "runs"
     config = load_config(None, [f"run.output_dir={output}", *overrides])
     run_dir = Path(config.run.output_dir) / f"quickstart-{label}"
