@@ -8,13 +8,13 @@ Runs what `rldojo train` runs with no config (SmolLM2-135M-Instruct on arith-v1,
 samples a step), held to a first hour's budget (`QUICKSTART`): 12 steps or 3 minutes of
 training, whichever ends first, and greedy held-out accuracy on 64 test problems before
 and after (`--set` overrides either, as `rldojo train`'s), printing what `rldojo train`
-prints, in `runs/quickstart-<label>` (moved aside when it already holds a run), and writes `benchmarks/results/quickstart/<label>.json` through
-`results_io`: the manifest (commit, command, machine, versions, date, wall time) beside
-the run's summary — held-out accuracy before and after with 95% intervals, the gain,
-steps, mean step time, wall time, precision, threads — and the per-step reward and pass
-rate from its metrics. `make quickstart` runs it. The label defaults to the CPU kind
-(`avx512_bf16`, `avx2`, ...) and the core count, so runs on other machines sit beside
-each other.
+prints, in `runs/quickstart-<label>` (moved aside when it already holds a run). Writes
+`benchmarks/results/quickstart/<label>.json` through `results_io`: the manifest (commit,
+command, machine, versions, date, wall time) beside the run's summary — held-out accuracy
+before and after with 95% intervals, the gain, steps, mean step time, wall time,
+precision, threads — and the per-step reward and pass rate from its metrics. `make
+quickstart` runs it. The label defaults to the CPU kind (`avx512_bf16`, `avx2`, ...) and
+the core count, so runs on other machines sit beside each other.
 
 `--nproc N`: the same run on N ranks of this machine (torchrun, FSDP2: `rldojo train
 --nproc N`), labelled `<cpu>-<cores>cores-<N>ranks`; rank 0 writes the result.
