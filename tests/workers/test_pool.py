@@ -124,6 +124,66 @@ def test_blocking_call_past_its_timeout_is_killed_and_replaced(pool: WorkerPool)
     assert (c.started, c.replaced, c.timeouts, c.killed) == (2, 1, 1, 1)
 
 
+def test_calls_queued_behind_a_killed_call_die_with_it_uncharged(pool: WorkerPool) -> None:
+    async def main() -> None:
+        worker = pool.worker()
+        await _call(worker, os.getpid)  # serving
+        blocker = asyncio.ensure_future(_call(worker, time.sleep, FOREVER, timeout_s=0.5))
+        await _until(lambda: worker.running.get() >= 0 or blocker.done())  # holds the loop
+        queued = [asyncio.ensure_future(_call(worker, os.getpid, timeout_s=0.5)) for _ in "ab"]
+        with pytest.raises(CallTimeout) as info:
+            await blocker
+        assert info.value.killed
+        for call in queued:  # never begun: the kill, not their clocks, ends them
+            with pytest.raises(WorkerDied) as died:
+                await call
+            assert not died.value.culprit
+
+    asyncio.run(main())
+    assert (pool.counters.timeouts, pool.counters.killed) == (1, 1)
+
+
+def test_a_call_waiting_its_turn_is_not_charged_the_wait(pool: WorkerPool, tmp_path: Path) -> None:
+    """Its clock starts when the worker begins it: behind a call that holds the loop for
+    more than twice its timeout, it still answers."""
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+
+    async def main() -> None:
+        worker = pool.worker()
+        await _call(worker, os.getpid)  # serving
+        holder = asyncio.ensure_future(_call(worker, Path.read_text, fifo))  # until written
+        await _until(lambda: worker.running.get() >= 0 or holder.done())
+        queued = asyncio.ensure_future(_call(worker, os.getpid, timeout_s=1.0))
+        await asyncio.sleep(2.5)  # at least this long: a lower bound, not a timing
+        assert not queued.done()  # still waiting its turn, not timed out
+        writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the holder has it open
+        os.write(writer, b"go")
+        os.close(writer)
+        assert await holder == "go"
+        assert await queued == worker.pid
+
+    asyncio.run(main())
+    assert pool.counters.timeouts == 0 and pool.counters.killed == 0
+
+
+def test_a_call_queued_behind_one_without_timeout_is_bounded(pool: WorkerPool) -> None:
+    async def main() -> None:
+        worker = pool.worker()
+        await _call(worker, os.getpid)  # serving
+        holder = asyncio.ensure_future(worker.call(time.sleep, (FOREVER,), timeout_s=None))
+        await _until(lambda: worker.running.get() >= 0 or holder.done())
+        with pytest.raises(WorkerDied) as died:  # the worker ran nothing more: stuck
+            await _call(worker, os.getpid, timeout_s=0.5)
+        assert not died.value.culprit
+        with pytest.raises(WorkerDied) as stuck:
+            await holder
+        assert stuck.value.culprit  # its code held the loop when the worker was killed
+
+    asyncio.run(main())
+    assert (pool.counters.timeouts, pool.counters.killed) == (0, 1)
+
+
 def test_awaiting_call_past_its_timeout_is_cancelled_not_killed(pool: WorkerPool) -> None:
     async def main() -> None:
         worker = pool.worker()

@@ -8,18 +8,19 @@ synchronously, leaks memory or segfaults then costs one worker, not the run:
 - the environment raises: the error comes back as `EnvCallError` (type and message) and
   the engine gives the rollout status `env_error`;
 - a call outlives `timeout_s` (`rollout.env_timeout_s`): the rollout gets status
-  `timeout`. The clock starts once the call's worker serves calls: a worker's start-up
-  (a fresh interpreter, slow on a loaded machine) is bounded by `START_TIMEOUT_S` instead.
-  If the call holds its worker's event loop (blocking code, a busy loop, C), the worker
-  is killed (the only way to stop it) and replaced on next use; if the loop
-  is free (an `await` that never returns), the call is cancelled in the worker;
+  `timeout`. The clock starts when the worker begins running the call: neither a
+  worker's start-up (a fresh interpreter, slow on a loaded machine; bounded by
+  `START_TIMEOUT_S` instead) nor a wait behind another episode's call counts. If the call
+  holds its worker's event loop (blocking code, a busy loop, C), the worker is killed
+  (the only way to stop it) and replaced on next use; if the loop is free (an `await`
+  that never returns), the call is cancelled in the worker;
 - a worker dies under an episode (crash, OOM kill, `kill -9`, or killed for another
-  episode's timeout): the episode is replayed on a live worker with exponential backoff:
-  a fresh environment, `reset` with the same task and seed, the same actions; its opening
-  and every reply must match (the `Env` contract: the same task and seed give the same
-  episode), else the rollout is `env_error`. A death during the episode's own call
-  counts against its `retries` (its environment probably did it); a neighbour's does
-  not (bounded anyway).
+  episode's timeout, also while this one's call waited its turn): the episode is
+  replayed on a live worker with exponential backoff: a fresh environment, `reset` with
+  the same task and seed, the same actions; its opening and every reply must match (the
+  `Env` contract: the same task and seed give the same episode), else the rollout is
+  `env_error`. A death during the episode's own call counts against its `retries` (its
+  environment probably did it); a neighbour's does not (bounded anyway).
 
 Workers are `rldojo.workers` processes (fresh interpreters, not forks: the trainer has
 torch and producer threads a fork would copy mid-flight, and multiprocessing's spawn
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import importlib
 import importlib.machinery
 import itertools
 import sys
@@ -109,9 +111,11 @@ class EnvWorkerPool:
             raise ValueError("EnvWorkerPool needs at least one worker")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         # die_with_parent: workers are started by the trainer's main thread or its async
-        # producer's, both alive for the whole run.
+        # producer's, both alive for the whole run. The initializer imports what every
+        # call runs during the start-up, so the first call's timeout counts its own work.
         self._workers = WorkerPool(workers, name="env worker", start_timeout_s=START_TIMEOUT_S,
-                                   die_with_parent=True)  # fmt: skip
+                                   die_with_parent=True, initializer=importlib.import_module,
+                                   initargs=(env_host.__name__,))  # fmt: skip
         self._keys = itertools.count()
         self._factories: dict[str, bytes] = {}
         self.replays = 0  # episodes replayed after their worker died

@@ -5,6 +5,7 @@ The bottom layer under code that must not take the trainer down with it (only st
 - `pool`: `WorkerPool`, `size` workers replaced when they die;
 - `process`: `WorkerProcess`, one worker: calls with timeouts, kills, and whose call a
   death is blamed on;
+- `deadlines`: how a call's timeout is enforced (its clock runs while the worker runs it);
 - `outcomes`: the errors a call can end in, and the counters of a pool;
 - `child`: the worker's own main loop, in a fresh interpreter;
 - `spawn`: how that interpreter is started (its environment, and where its output goes).

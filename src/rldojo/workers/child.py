@@ -4,11 +4,13 @@
 parent's ``sys.path``, runs an optional initializer, says `(READY, True, pid)` (or
 `(READY, False, error)` when the initializer failed, then exits) and serves calls until
 its socket closes. Each call `(rid, "call", pickled (fn, args, kwargs))` runs as a task on
-the child's event loop: a plain function runs at once (holding the loop, as blocking code
-does; with no running loop visible, so it may call `asyncio.run`), a coroutine function's
-coroutine runs on the loop, so async calls share the worker. Replies are `(rid, True,
-result)` or `(rid, False, (type, message, traceback))`. A reader thread answers `who`
-(which call's code is on the CPU now, also while the loop is blocked) and `cancel`.
+the child's event loop, in the order received: a plain function runs at once (holding the
+loop, as blocking code does; with no running loop visible, so it may call `asyncio.run`),
+a coroutine function's coroutine runs on the loop, so async calls share the worker. When
+a call's task begins it says `(STARTED, True, rid)` (its timeout counts from then, not
+from its wait behind other calls). Replies are `(rid, True, result)` or `(rid, False,
+(type, message, traceback))`. A reader thread answers `who` (which call's code is on the
+CPU now, also while the loop is blocked) and `cancel`.
 
 The running call's id also lives in 8 shared bytes (MEM, `RunningCall`): after the child
 dies, the parent reads whose code was running, so it blames that call and not its
@@ -36,6 +38,9 @@ from typing import Any
 
 READY = -1
 """The request id of the child's first message (request ids are >= 0)."""
+
+STARTED = -2
+"""The request id of a message saying that call `payload` has begun running."""
 
 _PARENT_POLL_S = 1.0
 """How often the child checks that its parent is still alive."""
@@ -156,6 +161,9 @@ def serve(conn: Connection, running: RunningCall) -> None:
             conn.send(reply)
 
     async def handle(rid: int, blob: bytes) -> None:
+        running.set(rid)  # from its clock's start on, the loop is this call's (`_run`)
+        with contextlib.suppress(OSError):  # the parent is gone: the reader stops the loop
+            send((STARTED, True, rid))
         try:
             reply: tuple[Any, ...] = (rid, True, await _run(blob, rid, running))
         except BaseException as exc:  # SystemExit, a cancel from the parent: replies too

@@ -13,12 +13,18 @@ each on its own loop). Outcomes:
 
 - `fn` returns: its result; `fn` raises: `CallError` (type, message, traceback) and the
   worker stays alive and warm;
-- past `timeout_s` (counted from when the worker serves calls; its start-up is bounded by
-  `start_timeout_s`, then `WorkerStartTimeout`): if this call holds the worker's event
-  loop (blocking code, C), or the worker does not even answer, the worker is killed; if
-  the loop is free (an `await` that never returns), the call is cancelled in the worker;
-  if another call holds the loop, this one waits for that one's fate, one more
-  `timeout_s` at most. Either way `CallTimeout`;
+- past `timeout_s`, counted from when the worker begins running this call (the worker
+  says so), so neither the worker's start-up (bounded by `start_timeout_s`, then
+  `WorkerStartTimeout`) nor the call's wait behind other calls counts: if this call
+  holds the worker's event loop (blocking code, C), or the worker does not even answer,
+  the worker is killed; if the loop is free (an `await` that never returns), the call is
+  cancelled in the worker; if another call holds the loop, this one waits for that one's
+  fate, until that call's deadline plus `timeout_s` at most. Either way `CallTimeout`;
+- a call waiting its turn behind one that holds the loop is not charged: when that one's
+  timeout kills the worker, it gets `WorkerDied`, not its fault. Its wait is bounded by
+  that call's deadline plus its own `timeout_s`, and by the worker's progress: a worker
+  that begins no call for `timeout_s` (and runs none with a deadline) is stuck and
+  killed (`rldojo.workers.deadlines`);
 - the worker dies (crash, `os._exit`, OOM kill, `kill -9`, or killed for another call's
   timeout): `WorkerDied`, whose `culprit` says whether this call's code was running
   (read from memory shared with the child) or the cause is unknown.
@@ -37,11 +43,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from rldojo.workers.child import READY, ErrorInfo, RunningCall
+from rldojo.workers.child import READY, STARTED, ErrorInfo, RunningCall
+from rldojo.workers.deadlines import enforce, wait_turn
 from rldojo.workers.outcomes import (
     CallError,
     CallTimeout,
@@ -117,7 +125,11 @@ class WorkerProcess:
         self.init_error: ErrorInfo | None = None
         self.how = ""  # how it ended, once it has
         self._closing = False
+        self._killed = False
         self._pending: dict[int, _Waiter] = {}
+        self._starting: dict[int, _Waiter] = {}  # calls sent, not yet begun in the worker
+        self.deadlines: dict[int, float] = {}  # begun calls' deadlines (time.monotonic)
+        self.begun = 0  # calls it has begun: a call waiting its turn sees the queue move
         self._ready_waiters: list[_Waiter] = []
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # calls come from several event loops' threads
@@ -144,17 +156,22 @@ class WorkerProcess:
     ) -> Any:  # fmt: skip
         """Run `fn(*args, **kwargs)` in the worker; see the module docstring for outcomes.
         `label` names the call in timeout messages (`{label} took longer than 5s`)."""
-        rid, fut = self._submit("call", pickle.dumps((fn, args, kwargs or {})))
+        begun = asyncio.get_running_loop().create_future()
+        rid, fut = self._submit("call", pickle.dumps((fn, args, kwargs or {})), begun=begun)
         self.in_flight += 1
         try:
-            return await self._wait(rid, fut, timeout_s, label)
+            return await self._wait(rid, fut, begun, timeout_s, label)
         finally:
             self.in_flight -= 1
+            self.forget(rid, reply=False)
+            self.deadlines.pop(rid, None)  # kept until now: calls behind it wait its fate
 
     def _submit(
-        self, op: str, payload: Any, *, reply: bool = True
-    ) -> tuple[int, asyncio.Future[Any]]:
-        """Send a request; its reply (if `reply`) settles the returned future."""
+        self, op: str, payload: Any, *, reply: bool = True,
+        begun: asyncio.Future[Any] | None = None,
+    ) -> tuple[int, asyncio.Future[Any]]:  # fmt: skip
+        """Send a request; its reply (if `reply`) settles the returned future, the worker's
+        word that it began running it settles `begun`."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         with self._lock:
@@ -163,54 +180,45 @@ class WorkerProcess:
             rid = next(self._ids)
             if reply:
                 self._pending[rid] = (fut, loop)
+            if begun is not None:
+                self._starting[rid] = (begun, loop)
         try:
             with self._send_lock:
                 self.conn.send((rid, op, payload))
         except (OSError, ValueError) as exc:  # the socket broke: the worker is gone
-            self._forget(rid)
+            self.forget(rid)
             raise WorkerDied(f"{self.name} (pid {self.pid}): {exc}", sent=False) from None
         return rid, fut
 
-    def _forget(self, rid: int) -> None:
+    def forget(self, rid: int, *, reply: bool = True) -> None:
+        """Stop tracking request `rid` (and its reply, if `reply`)."""
         with self._lock:
-            self._pending.pop(rid, None)
+            if reply:
+                self._pending.pop(rid, None)
+            self._starting.pop(rid, None)
 
     async def _wait(
-        self, rid: int, fut: asyncio.Future[Any], timeout_s: float | None, label: str
-    ) -> Any:
-        loop = asyncio.get_running_loop()
+        self, rid: int, fut: asyncio.Future[Any], begun: asyncio.Future[Any],
+        timeout_s: float | None, label: str,
+    ) -> Any:  # fmt: skip
         killed = False
         try:
-            if not await self._started(fut):
-                self._forget(rid)
+            if not await self._serving(fut):
+                self.forget(rid)
                 self.kill(f"it did not start within {self.start_timeout_s:g}s")
                 raise WorkerStartTimeout(
                     f"{self.name} did not start within {self.start_timeout_s:g}s"
                 )
             if timeout_s is None:
                 return await fut
-            deadline = loop.time() + timeout_s  # from the start of the worker, not before
-            hard = deadline + timeout_s
-            while True:
-                try:
-                    return await asyncio.wait_for(asyncio.shield(fut), deadline - loop.time())
-                except TimeoutError:
-                    pass
-                blocker = rid if self.running.get() == rid else await self._who_runs()
-                if blocker == "dead":  # killed meanwhile (another call's timeout)
-                    return await fut
-                if blocker == rid or blocker == "unknown" or loop.time() >= hard:
-                    self._forget(rid)
-                    self.kill(f"{label} held the worker for {timeout_s:g}s")
-                    killed = True
-                    await self._until_gone()
-                    break
-                if blocker is None:  # the loop is free: this call waits on nothing
-                    self._forget(rid)
-                    with contextlib.suppress(WorkerDied):
-                        self._submit("cancel", rid, reply=False)
-                    break
-                deadline = min(hard, loop.time() + 0.2)  # someone else blocks the loop
+            await wait_turn(self, rid, fut, begun, timeout_s, label)  # no clock yet
+            if fut.done() or not begun.done():  # answered, or the worker died meanwhile
+                return await fut
+            self.deadlines[rid] = time.monotonic() + timeout_s  # its clock: from now
+            ending = await enforce(self, rid, fut, timeout_s, label)
+            if ending == "answered":
+                return await fut
+            killed = ending == "killed"
         finally:
             if not fut.done():
                 fut.cancel()
@@ -219,7 +227,7 @@ class WorkerProcess:
         self.counters.timeouts += 1
         raise CallTimeout(f"{label} took longer than {timeout_s:g}s", killed=killed)
 
-    async def _started(self, fut: asyncio.Future[Any]) -> bool:
+    async def _serving(self, fut: asyncio.Future[Any]) -> bool:
         """Wait until the worker serves calls, or `fut` (a call on it) is settled; False
         when neither happened within `start_timeout_s`."""
         loop = asyncio.get_running_loop()
@@ -233,9 +241,13 @@ class WorkerProcess:
         ready.cancel()  # if still pending: a later wake finds it done and leaves it
         return bool(done)
 
-    async def _who_runs(self) -> int | str | None:
-        """The request whose code is running in the worker now (None: none), `unknown`
-        when the worker does not answer (stuck holding the GIL), `dead` when it is gone."""
+    async def holder(self) -> int | str | None:
+        """The request whose code holds the worker's event loop now (read from the memory
+        shared with the child; when none, the worker is asked): None when the loop is
+        free, `unknown` when the worker does not answer within 1s, `dead` when it is gone."""
+        running = self.running.get()
+        if running >= 0:
+            return running
         try:
             rid, fut = self._submit("who", None)
         except WorkerDied:
@@ -245,10 +257,15 @@ class WorkerProcess:
         except WorkerDied:
             return "dead"
         except TimeoutError:
-            self._forget(rid)
+            self.forget(rid)
             return "unknown"
 
-    async def _until_gone(self, timeout_s: float = 30.0) -> None:
+    def cancel_in_worker(self, rid: int) -> None:
+        """Ask the worker to cancel call `rid` (an `await` in it that never returns)."""
+        with contextlib.suppress(WorkerDied):
+            self._submit("cancel", rid, reply=False)
+
+    async def reaped(self, timeout_s: float = 30.0) -> None:
         """Wait (without blocking the loop) until the reader has reaped the child."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
@@ -265,7 +282,12 @@ class WorkerProcess:
                     self._on_ready(ok, payload)
                     continue
                 with self._lock:
-                    waiter = self._pending.pop(rid, None)
+                    if rid == STARTED:  # call `payload` began: its clock starts
+                        rid, ok, payload = payload, True, None
+                        waiter = self._starting.pop(rid, None)
+                        self.begun += 1
+                    else:
+                        waiter = self._pending.pop(rid, None)
                 if waiter is not None:
                     _wake(waiter, payload, None if ok else CallError(*payload))
         except (EOFError, OSError):
@@ -296,6 +318,7 @@ class WorkerProcess:
         with self._lock:
             self.alive = False
             waiting, self._pending = self._pending, {}
+            self._starting.clear()  # a call not yet begun learns of the death from `fut`
             ready_waiters, self._ready_waiters = self._ready_waiters, []
         for rid, waiter in waiting.items():  # unknown cause (-1): everyone is suspect
             error = WorkerDied(why, culprit=culprit in (rid, -1), how=self.how,
@@ -328,7 +351,8 @@ class WorkerProcess:
 
     def kill(self, why: str) -> None:
         """SIGKILL the worker (and what it started); its calls get `WorkerDied`."""
-        if self.process.poll() is None:
+        if not self._killed and self.process.poll() is None:
+            self._killed = True  # once: other calls' bounds may expire while it dies
             log.warning("killing %s (pid %s): %s", self.name, self.pid, why)
             self.counters.killed += 1
             self._kill_group()
