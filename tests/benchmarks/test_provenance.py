@@ -173,7 +173,9 @@ def test_a_result_without_a_complete_manifest_fails(repo: Path):
 
 def test_a_complete_manifest_passes_and_names_its_script(repo: Path, monkeypatch):
     out = repo / "benchmarks" / "results"
-    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(ROOT / "benchmarks/x.py"))
+    # (under pytest-xdist a worker's __main__ has no __file__)
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(ROOT / "benchmarks/x.py"),
+                        raising=False)  # fmt: skip
     path = results_io.write_result("env_workers", "default", {"results": 2}, out_dir=out)
     doc = json.loads(path.read_text())
     assert results_io.is_complete(doc) == [] and doc["results"] == 2

@@ -150,7 +150,11 @@ def test_train_dry_run_names_the_config_and_the_key(tmp_path: Path) -> None:
     )
 
 
-def test_envs_kwargs_lists_the_model() -> None:
+def test_envs_kwargs_lists_the_model(monkeypatch) -> None:
+    from rich.console import Console
+
+    # a wide console whatever the process's terminal (a pytest-xdist worker has none)
+    monkeypatch.setattr("rldojo.commands.ui.console", Console(width=250))
     result = runner.invoke(app, ["envs", "--kwargs", "crm-v1"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     row = next(x for x in result.output.splitlines() if "│ db_size" in x)
