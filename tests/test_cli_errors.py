@@ -236,7 +236,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(monkeypatc
 
     monkeypatch.setattr("rldojo.envs.registry.list_envs", boom)
     monkeypatch.setattr(sys, "argv", ["rldojo", "envs"])
-    monkeypatch.setitem(cli._debug, "on", False)
+    monkeypatch.setitem(cli.DEBUG, "on", False)
     with pytest.raises(SystemExit) as info:
         cli.main()
     assert info.value.code == 1
@@ -335,7 +335,7 @@ def test_debug_shows_the_traceback_a_failed_grade_kept(monkeypatch, capsys):
 
     monkeypatch.setattr("rldojo.envs.registry.list_envs", stopped)
     for argv, shown in ((["rldojo", "envs"], False), (["rldojo", "--debug", "envs"], True)):
-        monkeypatch.setitem(cli._debug, "on", False)
+        monkeypatch.setitem(cli.DEBUG, "on", False)
         monkeypatch.setattr(sys, "argv", argv)
         with pytest.raises(SystemExit) as info:
             cli.main()

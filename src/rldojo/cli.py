@@ -21,7 +21,6 @@ from rldojo.training.stops import EXIT_FAILED, EXIT_USAGE, RunStopped
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False
 )
-_debug = DEBUG  # one flag for `main` and the commands' `stop`
 
 
 @app.callback()
@@ -32,7 +31,7 @@ def _options(
     ] = False,
 ) -> None:
     """rldojo: reinforcement learning of language models on verifiable environments."""
-    _debug["on"] = _debug["on"] or debug
+    DEBUG["on"] = DEBUG["on"] or debug
 
 
 def main() -> None:
@@ -51,7 +50,7 @@ def main() -> None:
         if isinstance(exc, user_errors()):
             _error_line(str(exc))
             sys.exit(EXIT_USAGE)
-        if _debug["on"]:
+        if DEBUG["on"]:
             raise
         _error_line(f"{type(exc).__name__}: {_one_line(str(exc))} (rldojo --debug ... shows "
                     "the traceback)")  # fmt: skip
