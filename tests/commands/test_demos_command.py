@@ -155,7 +155,7 @@ def _config(tmp_path, text: str) -> str:
     ("text", "extra", "needles"),
     [
         ('[env]\nid = "crm-v1"\nkwargs = { levels = [9] }\n', [],
-         ["c.toml: env.kwargs: crm-v1: levels must be"]),
+         ["c.toml: env.kwargs.levels: crm-v1: levels must be"]),
         ('[env]\nid = "crm-v9"\n', [], ["c.toml: unknown environment 'crm-v9'"]),
         ('[env]\nid = "crm-v1"\n', ["--set", "env.kwags={}"],
          ["--set env.kwags: unknown key (did you mean kwargs?)"]),

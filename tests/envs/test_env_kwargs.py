@@ -1,11 +1,10 @@
-"""Kwargs models: every field documented, in step with the factory, checked with one-line
-errors naming the TOML key, listed by `rldojo envs --kwargs`."""
+"""Kwargs models: each family's declared once (every field documented), the environment
+built from the validated model, one-line errors naming the TOML key, listed by `rldojo envs
+--kwargs`; factories with plain keyword arguments still work."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import inspect
 import tomllib
 from pathlib import Path
 from typing import get_args
@@ -15,23 +14,29 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from rldojo.cli import app
-from rldojo.envs.arith_tools.env import ArithToolsKwargs
-from rldojo.envs.arith_tools.grader import ArithToolsReward
-from rldojo.envs.crm.data import DB_SIZES
-from rldojo.envs.crm.env import CrmKwargs
-from rldojo.envs.crm.grader import CrmReward
-from rldojo.envs.games.env import GameKwargs, TicTacToeEnv
-from rldojo.envs.kwargs import LimitsKwargs, ToolEnvKwargs, kwargs_model
-from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
-from rldojo.envs.registry import EnvKwargsError, check_kwargs, make_env, resolve_factory
+from rldojo.envs import registry
+from rldojo.envs.arith.env import ArithEnv, ArithKwargs
+from rldojo.envs.base import SingleTurnEnv
+from rldojo.envs.crm.env import CrmEnv, CrmKwargs
+from rldojo.envs.games.env import GameEnv, GameKwargs, TicTacToeEnv
+from rldojo.envs.kwargs import EnvKwargs, EpisodeLimits, kwargs_model, takes_model
+from rldojo.envs.multiturn import ToolEnv
+from rldojo.envs.registry import EnvKwargsError, check_kwargs, make_env, register, resolve_factory
 
 runner = CliRunner()
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-MODELLED = ["arith-v1", "arith-tools-v1", "crm-v1", "math-v1", "tictactoe-v1", "connect4-v1"]
+BUILTIN = ["arith-v1", "arith-tools-v1", "code-v1", "code-repair-v1", "connect4-v1", "crm-v1",
+           "math-v1", "mcq-v1", "openenv-v1", "reasoning-gym-v1", "tictactoe-v1",
+           "verifiers-v1", "web-crm-v1"]  # fmt: skip
 
 
-def _plain(value: object) -> object:
-    return list(value) if isinstance(value, tuple) else value
+@pytest.fixture
+def clean_registry():
+    registry.ENVS.load()
+    saved = dict(registry.ENVS.plugins)
+    yield
+    registry.ENVS.plugins.clear()
+    registry.ENVS.plugins.update(saved)
 
 
 def _models(model: type[BaseModel]) -> list[type[BaseModel]]:
@@ -43,55 +48,92 @@ def _models(model: type[BaseModel]) -> list[type[BaseModel]]:
     return out
 
 
-@pytest.mark.parametrize("env_id", MODELLED)
-def test_every_field_is_documented_and_matches_the_factory(env_id: str) -> None:
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_every_builtin_is_built_from_its_documented_model(env_id: str) -> None:
     factory = resolve_factory(env_id)
     model = kwargs_model(factory)
-    assert model is not None
+    assert model is not None and takes_model(factory, model)
     for m in _models(model):
         undocumented = [n for n, f in m.model_fields.items() if not f.description]
         assert undocumented == [], f"{m.__name__}: {undocumented}"
-    params = {
-        n: p
-        for n, p in inspect.signature(factory).parameters.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-    if issubclass(model, ToolEnvKwargs):  # the rest goes on to ToolEnv
-        params |= {n: p for n, p in inspect.signature(ToolEnv).parameters.items() if n != "limits"
-                   and p.kind is p.KEYWORD_ONLY}  # fmt: skip
-    assert set(params) == set(model.model_fields)
-    for name, param in params.items():
-        assert _plain(param.default) == _plain(model.model_fields[name].default), name
 
 
-@pytest.mark.parametrize(
-    ("model", "source"),
-    [
-        (LimitsKwargs, EpisodeLimits),
-        (CrmKwargs.model_fields["reward"].annotation, CrmReward),
-        (ArithToolsKwargs.model_fields["reward"].annotation, ArithToolsReward),
-    ],
-)
-def test_nested_tables_match_their_dataclasses(model: object, source: type) -> None:
-    nested = next(a for a in (model, *get_args(model)) if isinstance(a, type))
-    assert issubclass(nested, BaseModel)
-    defaults = {f.name: f.default for f in dataclasses.fields(source)}
-    assert defaults == {n: f.default for n, f in nested.model_fields.items()}
+def test_the_env_receives_the_validated_model() -> None:
+    env = make_env("crm-v1", levels=[2], db_size="small", reward={"turn_credit": 0.5})
+    assert isinstance(env, CrmEnv) and isinstance(env.kwargs, CrmKwargs)
+    assert env.kwargs.levels == (2,) and env.kwargs.db_size == "small"
+    assert env.default_grader().reward is env.kwargs.reward  # the grader reads the same model
+    assert env.kwargs.reward.turn_credit == 0.5 and env.kwargs.reward.w_state == 0.7
+    assert env.fork().kwargs is env.kwargs
 
 
-def test_choices_follow_the_code() -> None:
-    assert set(get_args(CrmKwargs.model_fields["db_size"].annotation)) == set(DB_SIZES)
+def test_python_keywords_are_validated_against_the_same_model() -> None:
+    assert ArithEnv(levels=[2, 3]).kwargs == ArithEnv(ArithKwargs(levels=(2, 3))).kwargs
+    with pytest.raises(EnvKwargsError, match=r"^env.kwargs.levls: arith-v1 takes no argument"):
+        ArithEnv(levls=[1])
+    with pytest.raises(EnvKwargsError, match=r"^env.kwargs.levels: arith-v1: levels must be"):
+        ArithEnv(levels=[7])
+    with pytest.raises(TypeError, match="takes a ArithKwargs or keywords"):
+        ArithEnv(ArithKwargs(), levels=[1])
+    with pytest.raises(TypeError, match="takes a ArithKwargs or keywords, got str"):
+        ArithEnv("x.jsonl")  # type: ignore[arg-type]
+
+
+class _PlainKwargs(EnvKwargs):
+    words: int = 3
+    """Words per sentence."""
+
+
+class _PlainEnv(SingleTurnEnv):
+    """A factory with a model but plain keyword arguments (the older way)."""
+
+    env_id = "plain-v1"
+    Kwargs = _PlainKwargs
+
+    def __init__(self, words: int = 3) -> None:
+        super().__init__()
+        self.words = words
+
+
+def test_a_factory_with_plain_keywords_gets_them_as_written(clean_registry) -> None:
+    register("plain-v1", _PlainEnv)
+    assert not takes_model(_PlainEnv, _PlainKwargs)
+    assert make_env("plain-v1", words=5).words == 5  # type: ignore[attr-defined]
+    with pytest.raises(EnvKwargsError, match="did you mean 'words'"):
+        make_env("plain-v1", word=5)
+    register("fn-v1", lambda words=1: _PlainEnv(words))
+    assert make_env("fn-v1", words=2).words == 2  # type: ignore[attr-defined]
+
+
+def test_a_tool_env_with_plain_keywords_keeps_its_own_limits_and_forks() -> None:
+    class Scaffolded(ToolEnv):  # what `rldojo new-env --tools` writes
+        env_id = "scaffolded-v1"
+        default_limits = EpisodeLimits(max_turns=6)
+
+        def __init__(self, items: int = 2, *, limits=None, **tool_env_kwargs) -> None:
+            super().__init__(limits=limits, items=items, **tool_env_kwargs)
+            self.items = items
+
+    env = Scaffolded(items=3, limits={"max_wall_s": 9}, no_action="end")
+    assert env.limits == EpisodeLimits(max_turns=6, max_wall_s=9)
+    assert env.kwargs.no_action == "end" and kwargs_model(Scaffolded) is None
+    child = env.fork()
+    assert child.items == 3 and child.limits == env.limits and child.kwargs == env.kwargs
+    with pytest.raises(EnvKwargsError, match=r"^env.kwargs.no_action: scaffolded-v1: expected"):
+        Scaffolded(no_action="stop")
 
 
 def test_a_class_model_describes_the_init_that_declares_it() -> None:
     assert kwargs_model(TicTacToeEnv) is GameKwargs  # inherited with GameEnv's __init__
+    assert takes_model(TicTacToeEnv, GameKwargs)
 
     class Bigger(TicTacToeEnv):
         def __init__(self, board: int = 3, **kwargs: object) -> None:
-            super().__init__(**kwargs)  # type: ignore[arg-type]
+            super().__init__(**kwargs)
 
     assert kwargs_model(Bigger) is None  # its own __init__: checked by signature
     check_kwargs("bigger-v1", Bigger, {"board": 4, "anything": 1})
+    assert isinstance(Bigger(opponent_depth=2), GameEnv)
 
 
 @pytest.mark.parametrize(
@@ -113,6 +155,13 @@ def test_a_class_model_describes_the_init_that_declares_it() -> None:
          "'forfeit' or 'unfinished', got 'wins'"),
         ("math-v1", {"path": "x.jsonl", "test_fraction": "0.2"},
          "env.kwargs.test_fraction: math-v1: expected a valid number, got '0.2'"),
+        ("math-v1", {}, "env.kwargs: math-v1: pass exactly one of path and hf_dataset"),
+        ("mcq-v1", {"labels": "roman"},
+         "env.kwargs.labels: mcq-v1: expected one of 'letters', 'numbers', 'paren', "
+         "'bracketed', got 'roman'"),
+        ("code-repair-v1", {"turn_cost": -0.5},
+         "env.kwargs.turn_cost: code-repair-v1: expected a value greater than or equal to 0, "
+         "got -0.5"),
     ],
 )  # fmt: skip
 def test_bad_kwargs_are_one_line_naming_the_key(env_id: str, kwargs: dict, message: str) -> None:
@@ -150,7 +199,7 @@ def test_train_dry_run_names_the_config_and_the_key(tmp_path: Path) -> None:
     )
 
 
-def test_envs_kwargs_lists_the_model(monkeypatch) -> None:
+def test_envs_kwargs_lists_the_model(monkeypatch, clean_registry) -> None:
     from rich.console import Console
 
     # a wide console whatever the process's terminal (a pytest-xdist worker has none)
@@ -162,19 +211,21 @@ def test_envs_kwargs_lists_the_model(monkeypatch) -> None:
     assert cells[:3] == ["db_size", "Literal['small', 'default', 'large']", '"default"']
     assert cells[3].startswith("Accounts per database")
     assert any("│ limits.max_turns" in x for x in result.output.splitlines())
-    plain = runner.invoke(app, ["envs", "--kwargs", "mcq-v1"], env={"COLUMNS": "250"})
+    register("plain-fn-v1", lambda words=1: _PlainEnv(words))
+    plain = runner.invoke(app, ["envs", "--kwargs", "plain-fn-v1"], env={"COLUMNS": "250"})
     assert plain.exit_code == 0 and "declares no Kwargs model" in plain.output
+    assert any("│ words" in x and "│ 1" in x for x in plain.output.splitlines())
     unknown = runner.invoke(app, ["envs", "--kwargs", "crm-v9"])
     assert unknown.exit_code == 2 and "unknown environment 'crm-v9'" in unknown.output
 
 
 OWN_LIMITS = {"web-crm-v1": 24, "crm-v1": 10, "arith-tools-v1": 6, "tictactoe-v1": 12,
-              "connect4-v1": 30}  # fmt: skip
-"""Each environment's own `max_turns` (docs/environments.md); its other limits are
-EpisodeLimits' defaults."""
+              "connect4-v1": 30, "code-repair-v1": 3}  # fmt: skip
+"""Each environment's own `max_turns` (docs/environments.md), the default of its model's
+`limits`; its other limits are `EpisodeLimits`' defaults."""
 
 
-@pytest.mark.parametrize(("env_id", "max_turns"), [*OWN_LIMITS.items(), ("code-repair-v1", 3)])
+@pytest.mark.parametrize(("env_id", "max_turns"), OWN_LIMITS.items())
 def test_a_partial_limits_table_keeps_the_envs_other_limits(env_id: str, max_turns: int) -> None:
     quiet = {"python": "off"} if env_id == "arith-tools-v1" else {}  # no sandbox probe
     env = make_env(env_id, limits={"max_wall_s": 200}, **quiet)  # web-crm: no browser yet
@@ -197,5 +248,5 @@ def test_envs_kwargs_shows_the_envs_own_limits(env_id: str, max_turns: int) -> N
         row = [c.strip() for c in line.strip().strip("│").split("│")]
         if len(row) == 4 and row[0].startswith("limits"):
             cells[row[0]] = row[2]
-    assert cells == {"limits": "None", "limits.max_turns": str(max_turns),
+    assert cells == {"limits": "", "limits.max_turns": str(max_turns),
                      "limits.max_tokens": "16384", "limits.max_wall_s": "300.0"}  # fmt: skip

@@ -187,7 +187,7 @@ def test_move_credit_marks_the_turn_that_missed_a_win():
     rewards = score.token_rewards
     assert rewards[:3] == (0.0, 0.0, 0.0) and rewards[3:5] == (0.0, 0.0)
     assert rewards[5:8] == pytest.approx((credits[1],) * 3)
-    with pytest.raises(ValueError, match="move_credit must be >= 0"):
+    with pytest.raises(ValueError, match="move_credit: tictactoe-v1: expected a value greater"):
         TicTacToeEnv(move_credit=-1.0)
     # Off by default: no token rewards, the reward unchanged.
     plain = run(GameGrader().grade(won, task))

@@ -50,7 +50,7 @@ def test_parquet_and_separate_test_file(tmp_path: Path) -> None:
         pa.table({"question": ["1+1?", "2+2?"], "solution": ["So \\boxed{2}.", "#### 4"]}), path
     )
     test_path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "3+3?", "answer": 6}])
-    env = MathEnv(path, test_path=test_path)
+    env = MathEnv(path=path, test_path=test_path)
     train = sorted(env.tasks("train"), key=lambda t: t.id)
     assert [(t.id, t.answer) for t in train] == [
         ("math-v1/m.parquet:1", "2"),
@@ -63,11 +63,11 @@ def test_parquet_and_separate_test_file(tmp_path: Path) -> None:
 
 def test_custom_fields(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "c.jsonl", [{"q": "Half of 1?", "gold": "\\frac{1}{2}"}])
-    env = MathEnv(path, prompt_field="q", answer_field="gold", test_fraction=0.0)
+    env = MathEnv(path=path, prompt_field="q", answer_field="gold", test_fraction=0.0)
     [task] = env.tasks("train")
     assert task.answer == "\\frac{1}{2}"
     with pytest.raises(DataError, match=r"c\.jsonl:1: field 'answer': missing$"):
-        MathEnv(path, prompt_field="q", answer_field="answer")
+        MathEnv(path=path, prompt_field="q", answer_field="answer")
 
 
 def test_reference_answer() -> None:
@@ -107,7 +107,7 @@ def test_reference_answer() -> None:
 def test_bad_rows_give_one_line_errors(tmp_path: Path, lines: list, pattern: str) -> None:
     path = _write_jsonl(tmp_path / "bad.jsonl", lines)
     with pytest.raises(DataError) as info:
-        MathEnv(path)
+        MathEnv(path=path)
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(str(path))
@@ -118,7 +118,7 @@ def test_bad_parquet_row_names_row(tmp_path: Path) -> None:
     path = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"prompt": ["a", "b", "c"], "answer": ["1", None, "3"]}), path)
     with pytest.raises(DataError, match=r"bad\.parquet:2: field 'answer\|solution': missing$"):
-        MathEnv(path)
+        MathEnv(path=path)
 
 
 def test_bad_arguments(tmp_path: Path) -> None:
@@ -126,9 +126,9 @@ def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="exactly one"):
         MathEnv()
     with pytest.raises(ValueError, match="test_fraction"):
-        MathEnv(path, test_fraction=1.0)
+        MathEnv(path=path, test_fraction=1.0)
     with pytest.raises(ValueError, match="split"):
-        MathEnv(path).tasks("dev")
+        MathEnv(path=path).tasks("dev")
 
 
 def test_a_missing_file_is_one_data_error_naming_it(tmp_path: Path) -> None:
@@ -138,7 +138,8 @@ def test_a_missing_file_is_one_data_error_naming_it(tmp_path: Path) -> None:
     assert str(info.value) == f"{missing}: no such file"
     with pytest.raises(DataError, match=r"nope-test\.jsonl: no such file$"):
         MathEnv(
-            _write_jsonl(tmp_path / "m.jsonl", ROWS[:3]), test_path=tmp_path / "nope-test.jsonl"
+            path=_write_jsonl(tmp_path / "m.jsonl", ROWS[:3]),
+            test_path=tmp_path / "nope-test.jsonl",
         )
 
 
@@ -146,7 +147,9 @@ def test_a_rejected_argument_names_the_env_once(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "m.jsonl", ROWS[:3])
     with pytest.raises(ValueError) as info:
         make_env("math-v1", path=str(path), test_fraction=1.5)
-    assert str(info.value) == "env.kwargs: math-v1: test_fraction must be in [0, 1), got 1.5"
+    assert str(info.value) == (
+        "env.kwargs.test_fraction: math-v1: expected a value less than 1, got 1.5"
+    )
 
 
 def test_hf_dataset_without_datasets_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,7 +174,7 @@ def test_hf_dataset_is_loaded_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.slow  # a math-verify worker process
 def test_default_grader_uses_math_verify(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "f.jsonl", [{"prompt": "Half of 1?", "answer": "\\frac{1}{2}"}])
-    env = MathEnv(path, test_fraction=0.0)
+    env = MathEnv(path=path, test_fraction=0.0)
     [task] = env.tasks("train")
     grader = env.default_grader()
 

@@ -27,9 +27,11 @@ class Env(Protocol):
     """An environment: tasks, episode state, and the grader of its rollouts.
 
     Optional: an environment whose episodes share a bounded resource in a process (e.g.
-    web-crm-v1's browser contexts) sets `max_episodes_at_once` (an int) and
-    `max_episodes_at_once_key` (the kwarg that sets it); a run whose batch is larger is
-    refused before it starts, since the rollout engine opens a whole batch at once."""
+    web-crm-v1's browser contexts) is a `BoundedEnv` too; a run whose batch is larger is
+    refused before it starts, since the rollout engine opens a whole batch at once. An
+    environment whose calls bound their own time (`RemoteEnv`, in a worker process) sets
+    `enforces_timeouts = True` (`rldojo.graders.base.SelfTimed`): the episode engine then
+    adds no deadline of its own."""
 
     env_id: str
 
@@ -51,6 +53,22 @@ class Env(Protocol):
 
     def default_grader(self) -> Grader:
         """The grader that scores this environment's rollouts."""
+        ...
+
+
+@runtime_checkable
+class BoundedEnv(Protocol):
+    """An environment whose episodes share a bounded resource in a process (`Env`'s
+    optional members)."""
+
+    @property
+    def max_episodes_at_once(self) -> int:
+        """How many of its episodes may be open at once in a process."""
+        ...
+
+    @property
+    def max_episodes_at_once_key(self) -> str:
+        """The kwarg that sets `max_episodes_at_once` (named in the error of a run over it)."""
         ...
 
 

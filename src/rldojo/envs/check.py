@@ -100,7 +100,7 @@ class CheckReport:
         return "\n".join(lines)
 
 
-def _canon(value: Any) -> str:
+def _canon(value: object) -> str:
     """A canonical text form for comparing results (timing keys dropped)."""
     if isinstance(value, Observation | StepResult):
         info = {k: v for k, v in value.info.items() if not str(k).startswith("time/")}
@@ -231,10 +231,10 @@ class _Checker:
             return "skipped: no snapshot()/restore()"
         if (await env.step(PLAIN)).done:  # a one-turn episode: snapshot the opening instead
             env, _ = await self.fresh()
-        snap = env.snapshot()  # type: ignore[attr-defined]
+        snap = env.snapshot()
         first = _canon(await env.step(FILLER))
-        env.restore(snap)  # type: ignore[attr-defined]
-        assert env.snapshot() == snap, (  # type: ignore[attr-defined]
+        env.restore(snap)
+        assert env.snapshot() == snap, (
             "a snapshot taken right after restore() differs from the restored one"
         )
         second = _canon(await env.step(FILLER))

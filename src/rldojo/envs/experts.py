@@ -86,7 +86,7 @@ def list_experts() -> list[str]:
     return EXPERTS.names()
 
 
-def expert_for(env_id: str, *, expert: str | None = None, **env_kwargs: Any) -> Expert:
+def expert_for(env_id: str, *, expert: str | None = None, **env_kwargs: object) -> Expert:
     """The expert of `env_id`, for an environment built with `env_kwargs`; `expert`
     names another one to play it (an id from `list_experts`, or ``"pkg.mod:factory"``).
 
@@ -105,7 +105,7 @@ def expert_for(env_id: str, *, expert: str | None = None, **env_kwargs: Any) -> 
         raise ValueError(
             f"expert {expert or env_id!r} returned {type(made).__name__}, which has no act()"
         )
-    return made  # type: ignore[no-any-return]
+    return made
 
 
 # ------------------------------------------------------------------ the tool-call protocol

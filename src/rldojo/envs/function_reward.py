@@ -57,7 +57,7 @@ Rewards = RewardFunction | Sequence[RewardFunction]
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def _prompt(value: Any, where: str) -> str | tuple[Message, ...]:
+def _prompt(value: object, where: str) -> str | tuple[Message, ...]:
     """A row's prompt as a task holds it: the string, or the messages (copied)."""
     if isinstance(value, str):
         return value
@@ -68,23 +68,35 @@ def _prompt(value: Any, where: str) -> str | tuple[Message, ...]:
                 shape = "{'role': 'system'|'user'|'assistant'|'tool', 'content': str}"
                 raise DataError(where, None, f"field 'prompt': message {k} is not {shape}")
         return tuple(dict(m) for m in value)
-    raise DataError(where, None, "field 'prompt': expected a string or a non-empty list of "
-                    f"chat messages, got {type(value).__name__}")  # fmt: skip
+    raise DataError(
+        where,
+        None,
+        "field 'prompt': expected a string or a non-empty list of "
+        f"chat messages, got {type(value).__name__}",
+    )
 
 
-def _row_task(row: Any, where: str, default_id: str) -> Task:
+def _row_task(row: object, where: str, default_id: str) -> Task:
     if not isinstance(row, Mapping):
         got = type(row).__name__
         raise DataError(where, None, f"expected a mapping of fields (a dict), got {got}")
     if "prompt" not in row:
         raise DataError(where, None, "field 'prompt': missing")
     if "completion" in row:
-        raise DataError(where, None, "field 'completion': reserved (the reward function's "
-                        "second argument is the completion); rename the field")  # fmt: skip
+        raise DataError(
+            where,
+            None,
+            "field 'completion': reserved (the reward function's "
+            "second argument is the completion); rename the field",
+        )
     bad = [k for k in row if not isinstance(k, str) or not k.isidentifier()]
     if bad:
-        raise DataError(where, None, f"field {bad[0]!r}: not a Python name, so it cannot "
-                        "be passed to the reward function as a keyword")  # fmt: skip
+        raise DataError(
+            where,
+            None,
+            f"field {bad[0]!r}: not a Python name, so it cannot "
+            "be passed to the reward function as a keyword",
+        )
     answer = row.get("answer")
     return Task(
         id=default_id if row.get("id") is None else str(row["id"]),
@@ -94,14 +106,18 @@ def _row_task(row: Any, where: str, default_id: str) -> Task:
     )
 
 
-def rows_to_tasks(rows: Iterable[Mapping[str, Any]], *, source: str = "tasks",
-                  split: str = "train") -> list[Task]:  # fmt: skip
+def rows_to_tasks(
+    rows: Iterable[Mapping[str, Any]], *, source: str = "tasks", split: str = "train"
+) -> list[Task]:
     """The tasks of `rows` (a list of dicts, a `datasets.Dataset`, any iterable of
     mappings); a bad row is a `DataError` naming `source[i]` and the field. A row without
     `id` is `SPLIT/i`; ids must be unique."""
     if isinstance(rows, str | bytes | Mapping):
-        raise DataError(source, None, "expected a list of rows (dicts) or a datasets.Dataset, "
-                        f"got {type(rows).__name__}")  # fmt: skip
+        raise DataError(
+            source,
+            None,
+            f"expected a list of rows (dicts) or a datasets.Dataset, got {type(rows).__name__}",
+        )
     tasks: list[Task] = []
     seen: set[str] = set()
     for i, row in enumerate(rows):
@@ -117,9 +133,16 @@ class FunctionRewardEnv(SingleTurnEnv):
     """The rows as tasks (`train` and `test` splits, in the given order), graded by the
     reward functions. Built once per episode: it holds the tasks, never copies them."""
 
-    def __init__(self, reward: Rewards, train: Sequence[Task], test: Sequence[Task] = (), *,
-                 env_id: str = "reward-v1", weights: Sequence[float] | None = None,
-                 group_size: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reward: Rewards,
+        train: Sequence[Task],
+        test: Sequence[Task] = (),
+        *,
+        env_id: str = "reward-v1",
+        weights: Sequence[float] | None = None,
+        group_size: int | None = None,
+    ) -> None:
         super().__init__()
         self.env_id = env_id
         self.reward, self.weights, self.group_size = reward, weights, group_size
@@ -206,8 +229,13 @@ def register_function_env(
     test = [replace(t, env=env_id) for t in test]
     fns, ws = tuple(t.fn for t in grader.terms), tuple(t.weight for t in grader.terms)
     _REGISTERED.setdefault(env_id, {})[digest] = partial(
-        FunctionRewardEnv, fns, tuple(train), tuple(test), env_id=env_id, weights=ws,
+        FunctionRewardEnv,
+        fns,
+        tuple(train),
+        tuple(test),
+        env_id=env_id,
+        weights=ws,
         group_size=group_size,
-    )  # fmt: skip
+    )
     register(env_id, partial(_make, env_id), overwrite=True)
     return FunctionEnv(env_id, {"fingerprint": digest}, len(test))

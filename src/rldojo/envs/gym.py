@@ -153,7 +153,7 @@ class TextEnv(gymnasium.Env[str, str]):
     def _copy_messages(self) -> list[dict[str, str]]:
         return [dict(m) for m in self._messages]
 
-    def render(self) -> str | None:  # type: ignore[override]
+    def render(self) -> str | None:
         if self.render_mode != "ansi":
             return None
         return render_messages(self._messages)
@@ -174,7 +174,7 @@ def to_gymnasium(
     task_seed: int = 0,
     n_tasks: int | None = 64,
     render_mode: str | None = None,
-    **env_kwargs: Any,
+    **env_kwargs: object,
 ) -> TextEnv:
     """A `gymnasium.Env` for an rldojo environment id (built with `env_kwargs`) or instance."""
     instance = make_env(env, **env_kwargs) if isinstance(env, str) else env

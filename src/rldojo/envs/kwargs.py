@@ -1,7 +1,8 @@
-"""Environment kwargs declared as pydantic models, checked before the factory runs.
+"""Environment kwargs declared once, as pydantic models, and the environments built from them.
 
-An environment family declares what its factory accepts as a model, one documented field
-per keyword argument, and puts it on the factory as `Kwargs`:
+An environment family declares what it accepts as a model, one documented field per
+keyword argument (its type, default, limits and docstring), puts it on the class as
+`Kwargs`, and is built from the validated model:
 
     class ReverseKwargs(EnvKwargs):
         words: int = Field(3, ge=1)
@@ -9,16 +10,24 @@ per keyword argument, and puts it on the factory as `Kwargs`:
 
     class ReverseEnv(SingleTurnEnv):
         Kwargs = ReverseKwargs
-        def __init__(self, words: int = 3) -> None: ...
+        def __init__(self, kwargs: ReverseKwargs | None = None, /, **keywords: object):
+            super().__init__()
+            self.kwargs = given_kwargs(self.env_id, ReverseKwargs, kwargs, keywords)
 
-The registry validates `env.kwargs` against it (`validate_kwargs`) before calling the
-factory, so a typo or a wrong type is one line naming the TOML key, the environment and
-what was expected (``env.kwargs.db_size: crm-v1: expected 'small', 'default' or 'large',
-got 'huge'``), and `rldojo envs --kwargs ID` lists the fields (`kwargs_rows`; the
-`limits.*` rows show the environment's own limits, its `default_limits`, which a partial
-table keeps). The model only checks: the factory receives the kwargs as given and keeps
-its own checks of how values combine. Validation is strict (no ``"3"`` for 3), as TOML
-and JSON give real types. A factory without a model is checked against its signature instead.
+The registry validates `env.kwargs` against the model (`validate_kwargs`), so a typo or a
+wrong type is one line naming the TOML key, the environment and what was expected
+(``env.kwargs.db_size: crm-v1: expected 'small', 'default' or 'large', got 'huge'``), and
+passes the validated model to a factory whose first parameter is annotated with it
+(`takes_model`); a Python caller may pass keywords instead (``ReverseEnv(words=4)``),
+validated against the same model (`given_kwargs`). `rldojo envs --kwargs ID` lists the
+fields (`kwargs_rows`). Validation is strict (no ``"3"`` for 3), as TOML and JSON give
+real types. Graders read the same models (crm-v1's `CrmReward` is the ``reward`` table).
+
+A multi-turn environment's limits are the default of its model's `limits` field
+(`MultiTurnKwargs`); a partial table is merged over them (``limits = {max_wall_s = 200}``
+keeps the environment's own `max_turns`). A factory with a model but plain keyword
+arguments (``def __init__(self, words: int = 3)``) gets the keywords as written, after the
+model checked them; a factory without a model is checked against its signature.
 
 A class's `Kwargs` describes the `__init__` of the class that declares it, so a subclass
 with its own `__init__` and no `Kwargs` of its own falls back to its signature.
@@ -26,28 +35,34 @@ with its own `__init__` and no `Kwargs` of its own falls back to its signature.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import inspect
 import json
 import re
-from collections.abc import Callable, Mapping
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticUndefined
 
 __all__ = [
     "EnvKwargs",
     "EnvKwargsError",
+    "EpisodeLimits",
     "KwargRow",
-    "LimitsKwargs",
+    "MultiTurnKwargs",
     "ToolEnvKwargs",
+    "given_kwargs",
     "kwargs_model",
     "kwargs_rows",
+    "subset_of",
+    "takes_model",
     "validate_kwargs",
 ]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class EnvKwargsError(ValueError):
@@ -55,30 +70,50 @@ class EnvKwargsError(ValueError):
 
 
 class EnvKwargs(BaseModel):
-    """Base of the kwargs models: unknown keys refused, strict types, field docstrings kept."""
+    """Base of the kwargs models: unknown keys refused, strict types, field docstrings kept,
+    immutable (an environment and its forks share theirs)."""
 
     model_config = ConfigDict(
-        extra="forbid", strict=True, use_attribute_docstrings=True, from_attributes=True
+        extra="forbid", strict=True, use_attribute_docstrings=True, frozen=True
     )
 
 
-class LimitsKwargs(EnvKwargs):
-    """`rldojo.envs.multiturn.EpisodeLimits` as a table: ``limits = {max_turns = 6}``. The
-    keys left out keep the environment's own values (its `default_limits`), not these."""
+class EpisodeLimits(EnvKwargs):
+    """Per-episode limits; whichever is hit first ends the episode (`episode/limit`). As a
+    table, ``limits = {max_turns = 6}``: the keys left out keep the environment's own."""
 
     max_turns: int = Field(8, gt=0)
     """Policy turns before the episode is cut (`episode/limit` = turns)."""
     max_tokens: int = Field(16_384, gt=0)
     """Approximate tokens of policy and environment text before the episode is cut."""
     max_wall_s: float = Field(300.0, gt=0)
-    """Seconds spent inside `step` before the episode is cut."""
+    """Seconds spent inside `step` before the episode is cut (time between steps, e.g.
+    sampling, is not counted)."""
 
 
-class ToolEnvKwargs(EnvKwargs):
+class MultiTurnKwargs(EnvKwargs):
+    """The keyword arguments every `rldojo.envs.multiturn.MultiTurnEnv` takes. A family
+    declares its own limits as the default of `limits`."""
+
+    limits: EpisodeLimits = EpisodeLimits()
+    """Per-episode limits (a table); keys left out keep the environment's own."""
+
+    @field_validator("limits", mode="before")
+    @classmethod
+    def _over_own_limits(cls, value: object) -> object:
+        """A table is merged over this model's default limits (the environment's own);
+        None keeps them; an `EpisodeLimits` replaces them."""
+        own = cls.model_fields["limits"].default
+        if value is None:
+            return own
+        if isinstance(value, Mapping) and isinstance(own, EpisodeLimits):
+            return {**own.model_dump(), **value}
+        return value
+
+
+class ToolEnvKwargs(MultiTurnKwargs):
     """The keyword arguments every `rldojo.envs.multiturn.ToolEnv` takes."""
 
-    limits: LimitsKwargs | None = None
-    """Per-episode limits (a table); keys left out keep the environment's own."""
     schema_style: Literal["json", "signatures", "template"] = "json"
     """How tools are listed in the system prompt: one JSON schema per line, one short
     signature per tool, or not at all (the chat template renders them)."""
@@ -92,9 +127,16 @@ class ToolEnvKwargs(EnvKwargs):
     """Longer tool results are cut (the model is told they were)."""
 
 
-def kwargs_model(factory: Callable[..., Any]) -> type[BaseModel] | None:
+def subset_of(levels: Sequence[int], known: Sequence[int]) -> tuple[int, ...]:
+    """`levels` as a tuple; ValueError unless they are a non-empty subset of `known`."""
+    if not levels or any(x not in known for x in levels):
+        raise ValueError(f"levels must be a non-empty subset of {tuple(known)}")
+    return tuple(levels)
+
+
+def kwargs_model(factory: Callable[..., object]) -> type[BaseModel] | None:
     """The `Kwargs` model of `factory`, or None (see the module docstring for classes)."""
-    model: Any = None
+    model: object = None
     if isinstance(factory, type):
         for cls in factory.__mro__:
             if "Kwargs" in vars(cls) or "__init__" in vars(cls):
@@ -105,16 +147,48 @@ def kwargs_model(factory: Callable[..., Any]) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def validate_kwargs(env_id: str, model: type[BaseModel], kwargs: Mapping[str, Any]) -> None:
-    """`EnvKwargsError` (one line, the first problem) when `kwargs` do not fit `model`."""
+def takes_model(factory: Callable[..., object], model: type[BaseModel]) -> bool:
+    """Whether `factory` is built from the validated `model`: its first parameter is
+    annotated with it, or a base of it (``def __init__(self, kwargs: CrmKwargs | None =
+    None, /, ...)``). Otherwise it takes keyword arguments, as written."""
     try:
-        model.model_validate(dict(kwargs))
+        first = next(iter(inspect.signature(factory).parameters.values()), None)
+        target = factory
+        if isinstance(factory, type):  # the __init__ it runs (its own or inherited)
+            target = next(vars(c)["__init__"] for c in factory.__mro__ if "__init__" in vars(c))
+        hint = typing.get_type_hints(target).get(first.name) if first is not None else None
+    except Exception:  # an annotation that does not resolve: keywords, as before
+        return False
+    hints = (hint, *get_args(hint))
+    return any(
+        isinstance(h, type) and issubclass(h, BaseModel) and issubclass(model, h) for h in hints
+    )
+
+
+def validate_kwargs(env_id: str, model: type[M], kwargs: Mapping[str, object]) -> M:
+    """`kwargs` validated against `model`; `EnvKwargsError` (one line, the first problem)
+    when they do not fit."""
+    try:
+        return model.model_validate(dict(kwargs))
     except ValidationError as exc:
         raise EnvKwargsError(_first_problem(env_id, model, exc)) from None
 
 
-def _nested(annotation: Any) -> type[BaseModel] | None:
-    """The model a field holds (``LimitsKwargs | None`` -> LimitsKwargs), if any."""
+def given_kwargs(
+    env_id: str, model: type[M], kwargs: M | None, keywords: Mapping[str, object]
+) -> M:
+    """An environment's kwargs: the validated `kwargs` the registry passes, or a Python
+    caller's `keywords` (``CrmEnv(levels=[1])``) validated against the same `model`."""
+    if kwargs is None:
+        return validate_kwargs(env_id, model, keywords)
+    if not isinstance(kwargs, model) or keywords:
+        given = type(kwargs).__name__ + (" and keywords" if keywords else "")
+        raise TypeError(f"{env_id}: takes a {model.__name__} or keywords, got {given}")
+    return kwargs
+
+
+def _nested(annotation: object) -> type[BaseModel] | None:
+    """The model a field holds (``EpisodeLimits | None`` -> EpisodeLimits), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return next((m for a in get_args(annotation) if (m := _nested(a)) is not None), None)
@@ -122,10 +196,13 @@ def _nested(annotation: Any) -> type[BaseModel] | None:
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "none"}
 
+Loc = tuple[int | str, ...]
+"""Where a validation error is: field names, list indices and mapping keys."""
 
-def _key(model: type[BaseModel], loc: tuple[Any, ...], extra: bool) -> tuple[Any, ...]:
+
+def _key(model: type[BaseModel], loc: Loc, extra: bool) -> Loc:
     """`loc` without pydantic's union-member tags: the path a user wrote."""
-    out: list[Any] = []
+    out: list[int | str] = []
     current: type[BaseModel] | None = model
     for i, part in enumerate(loc):
         if isinstance(part, int) or (extra and i == len(loc) - 1):
@@ -134,17 +211,17 @@ def _key(model: type[BaseModel], loc: tuple[Any, ...], extra: bool) -> tuple[Any
             if part in current.model_fields:
                 out.append(part)
                 current = _nested(current.model_fields[part].annotation)
-        elif isinstance(part, str) and part.isidentifier() and part not in _TYPE_TAGS:
+        elif part.isidentifier() and part not in _TYPE_TAGS:
             out.append(part)  # a key of a mapping
     return tuple(out)
 
 
-def _owner(model: type[BaseModel], key: tuple[Any, ...]) -> type[BaseModel] | None:
+def _owner(model: type[BaseModel], key: Loc) -> type[BaseModel] | None:
     current: type[BaseModel] | None = model
     for part in key:
         if current is None or part not in current.model_fields:
             return None
-        current = _nested(current.model_fields[part].annotation)
+        current = _nested(current.model_fields[str(part)].annotation)
     return current
 
 
@@ -168,6 +245,8 @@ def _first_problem(env_id: str, model: type[BaseModel], exc: ValidationError) ->
         return f"{name}: {env_id}: missing (required)"
     same = [e for e in errors if _key(model, tuple(e["loc"]), False) == key]
     expected = " or ".join(dict.fromkeys(_expected(e["msg"]) for e in same))
+    if not key:  # a rule across fields (a model validator): the message says it all
+        return " ".join(f"{name}: {env_id}: {expected.removeprefix(env_id + ': ')}".split())
     got = repr(first.get("input"))
     got = got if len(got) <= 80 else got[:77] + "..."
     return " ".join(f"{name}: {env_id}: {expected}, got {got}".split())
@@ -194,12 +273,13 @@ class KwargRow:
     doc: str
 
 
-def kwargs_rows(factory: Callable[..., Any]) -> tuple[list[KwargRow], bool]:
+def kwargs_rows(factory: Callable[..., object]) -> tuple[list[KwargRow], bool]:
     """`(rows, from the model)`: the factory's kwargs from its `Kwargs` model (nested
-    tables flattened, ``limits.max_turns``), else from its signature (no docs)."""
+    tables flattened, ``limits.max_turns``, with the values of the table's default: the
+    environment's own limits), else from its signature (no docs)."""
     model = kwargs_model(factory)
     if model is not None:
-        return _model_rows(model, "", _own_tables(factory)), True
+        return _model_rows(model, "", None), True
     try:
         params = inspect.signature(factory).parameters.values()
     except (TypeError, ValueError):
@@ -217,53 +297,42 @@ def kwargs_rows(factory: Callable[..., Any]) -> tuple[list[KwargRow], bool]:
     return rows, False
 
 
-def _own_tables(factory: Callable[..., Any]) -> dict[str, dict[str, Any]]:
-    """Defaults of nested tables that the factory holds itself, by field name: a
-    multi-turn environment's `limits` are its `default_limits` (a partial table is merged
-    over them, `rldojo.envs.multiturn.MultiTurnEnv`), not `LimitsKwargs`' own."""
-    limits = getattr(factory, "default_limits", None) if isinstance(factory, type) else None
-    if dataclasses.is_dataclass(limits) and not isinstance(limits, type):
-        return {"limits": dataclasses.asdict(limits)}
-    return {}
-
-
-def _model_rows(
-    model: type[BaseModel], prefix: str, tables: Mapping[str, Mapping[str, Any]] | None = None
-) -> list[KwargRow]:
+def _model_rows(model: type[BaseModel], prefix: str, values: BaseModel | None) -> list[KwargRow]:
     """The model's own fields first (in order), then those of its bases; a nested table's
-    rows show `tables[name]`'s values where given (`_own_tables`)."""
-    own = [n for n in model.model_fields if n in vars(model).get("__annotations__", {})]
+    rows show the values of `values`, its parent's default, where it has one."""
+    own = [n for n in vars(model).get("__annotations__", {}) if n in model.model_fields]
     rows = []
-    values = tables.get(prefix.rstrip("."), {}) if tables and prefix else {}
     for name in own + [n for n in model.model_fields if n not in own]:
         info = model.model_fields[name]
-        if name in values:
-            default = _show(values[name])
+        default: object = PydanticUndefined
+        if values is not None:
+            default = getattr(values, name)
         elif info.default is not PydanticUndefined:
-            default = _show(info.default)
+            default = info.default
         elif info.default_factory is not None:
-            default = _show(info.default_factory())  # type: ignore[call-arg]
-        else:
-            default = "required"
-        doc = " ".join((info.description or "").split())
-        rows.append(KwargRow(prefix + name, _type_name(info.annotation), default, doc))
+            default = info.default_factory()  # type: ignore[call-arg]
         nested = _nested(info.annotation)
+        table = nested is not None and isinstance(default, BaseModel)
+        shown = "required" if default is PydanticUndefined else "" if table else _show(default)
+        doc = " ".join((info.description or "").split())
+        rows.append(KwargRow(prefix + name, _type_name(info.annotation), shown, doc))
         if nested is not None:
-            rows += _model_rows(nested, f"{prefix}{name}.", tables)
+            below = default if isinstance(default, BaseModel) else None
+            rows += _model_rows(nested, f"{prefix}{name}.", below)
     return rows
 
 
 _QUALIFIER = re.compile(r"(?<![\w'\"])(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])")
 
 
-def _type_name(annotation: Any) -> str:
+def _type_name(annotation: object) -> str:
     nested = _nested(annotation)
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
     text = _QUALIFIER.sub("", text)
     return text.replace(nested.__name__, "table") if nested is not None else text
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if value is None:
         return "None"
     try:

@@ -4,8 +4,9 @@
 limits, a refusal (`EpisodeDone`) after the end, counters that reach the grader through
 `StepResult.info`, and `snapshot()` / `restore()` / `fork()` of the whole episode.
 Subclasses implement `turn(action)`; state they keep outside `self.episode` (a database,
-a board) is saved by `save_state()` / `load_state()`. A `limits` table is merged over the
-environment's own `default_limits`: the keys it leaves out keep the environment's values.
+a board) is saved by `save_state()` / `load_state()`. The environment is built from its
+validated kwargs (`MultiTurnKwargs`, `ToolEnvKwargs`: `rldojo.envs.kwargs`); its own limits
+are the default of the model's `limits` field, and a `limits` table is merged over them.
 
 `ToolEnv` is the base of tool-using environments (crm-v1, arith-tools-v1): it shows the
 tool schemas in the system prompt (and in `Observation.info["tools"]` for chat templates
@@ -39,9 +40,17 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Self
 
 from rldojo.envs.base import EpisodeDone
+from rldojo.envs.kwargs import (
+    EpisodeLimits,
+    MultiTurnKwargs,
+    ToolEnvKwargs,
+    given_kwargs,
+    kwargs_model,
+    validate_kwargs,
+)
 from rldojo.envs.tool_calls import ERROR_KINDS, PROTOCOL_ERRORS, parse_turn
 from rldojo.envs.tools import Tool, ToolBox, tools_prompt
 from rldojo.graders.base import Grader
@@ -52,7 +61,9 @@ __all__ = [
     "EpisodeLimits",
     "EpisodeState",
     "MultiTurnEnv",
+    "MultiTurnKwargs",
     "ToolEnv",
+    "ToolEnvKwargs",
     "TurnOutcome",
     "approx_tokens",
     "protocol_terms",
@@ -64,18 +75,6 @@ _TOKEN = re.compile(r"\w+|[^\w\s]")
 def approx_tokens(text: str) -> int:
     """A tokenizer-free token estimate (words and punctuation marks), for episode budgets."""
     return len(_TOKEN.findall(text))
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """Per-episode limits; whichever is hit first ends the episode (`episode/limit`)."""
-
-    max_turns: int = 8
-    """Policy turns."""
-    max_tokens: int = 16_384
-    """Approximate tokens of policy and environment text (`approx_tokens`)."""
-    max_wall_s: float = 300.0
-    """Wall time spent inside `step` (time between steps, e.g. sampling, is not counted)."""
 
 
 @dataclass
@@ -111,7 +110,7 @@ class EnvSnapshot:
 
     env_id: str
     episode: EpisodeState
-    world: Any = None
+    world: object = None
 
 
 @dataclass
@@ -128,23 +127,45 @@ class MultiTurnEnv:
 
     Subclasses set `env_id`, implement `tasks`, `default_grader`, `opening(task)` (the
     first messages), `turn(action)`, and optionally `setup(task, seed)`, `state_info()`,
-    `save_state()` / `load_state()`. `init_kwargs` is kept so that `fork()` can build a
-    sibling with the same configuration.
+    `save_state()` / `load_state()`. A family declares its kwargs as `Kwargs` (a
+    `MultiTurnKwargs`) and is built from the validated model (`kwargs`), or from keywords
+    validated against it; `fork()` builds a sibling from the same.
+
+    A subclass may take plain keywords instead (``def __init__(self, items=2, *,
+    limits=None, **kwargs)``, as `rldojo new-env` writes) and pass them all on
+    (``super().__init__(limits=limits, items=items, **kwargs)``): the ones `Kwargs`
+    declares are validated, all are kept (`init_kwargs`) for `fork()`, and its own limits
+    are `default_limits`.
     """
 
     env_id: str = ""
-    default_limits: EpisodeLimits = EpisodeLimits()
-    """The environment's own limits: `limits=None` gets them, a table (TOML's ``limits =
-    {max_wall_s = 200}``) is merged over them, an `EpisodeLimits` replaces them."""
+    Kwargs: ClassVar[type[MultiTurnKwargs]] = MultiTurnKwargs
+    """The model the environment is built from (each family declares its own)."""
+    default_limits: ClassVar[EpisodeLimits | None] = None
+    """The limits of a subclass built from plain keywords, under which a `limits` table is
+    merged; None: those of `Kwargs` (a family declares its own as the default of its
+    `limits` field)."""
 
-    def __init__(
-        self, *, limits: EpisodeLimits | Mapping[str, Any] | None = None, **init_kwargs: Any
-    ) -> None:
-        if isinstance(limits, Mapping):
-            limits = dataclasses.replace(self.default_limits, **limits)
-        self.limits = limits or self.default_limits
-        self.init_kwargs = {"limits": self.limits, **init_kwargs}
+    def __init__(self, kwargs: MultiTurnKwargs | None = None, /, **keywords: object) -> None:
+        self.init_kwargs: dict[str, object] | None = None
+        """The keywords the environment was built from, for `fork()` (None: a model)."""
+        if kwargs is None:
+            kwargs = self._from_keywords(keywords)
+            self.init_kwargs, keywords = {**keywords, "limits": kwargs.limits}, {}
+        self.kwargs = given_kwargs(self.env_id, self.Kwargs, kwargs, keywords)
+        self.limits: EpisodeLimits = kwargs.limits
         self.episode = EpisodeState()
+
+    def _from_keywords(self, keywords: Mapping[str, object]) -> MultiTurnKwargs:
+        """`keywords` validated against `Kwargs`: all of them when the class declares its
+        model, else only those the model has (the rest are the subclass's own)."""
+        given = dict(keywords)
+        limits = given.get("limits")
+        if self.default_limits is not None and (limits is None or isinstance(limits, Mapping)):
+            given["limits"] = {**self.default_limits.model_dump(), **dict(limits or {})}
+        if kwargs_model(type(self)) is None:
+            given = {k: v for k, v in given.items() if k in self.Kwargs.model_fields}
+        return validate_kwargs(self.env_id, self.Kwargs, given)
 
     # ---------------------------------------------------------------- subclass hooks
 
@@ -173,11 +194,11 @@ class MultiTurnEnv:
         """Info about the world state, repeated on every step (for the grader)."""
         return {}
 
-    def save_state(self) -> Any:
+    def save_state(self) -> object:
         """The world state for a snapshot (must be picklable; copied, not shared)."""
         return None
 
-    def load_state(self, state: Any) -> None:
+    def load_state(self, state: object) -> None:
         """Restore the world state saved by `save_state`."""
 
     # ---------------------------------------------------------------- the Env protocol
@@ -256,61 +277,26 @@ class MultiTurnEnv:
 
     def fork(self) -> Self:
         """A new environment in exactly this state; the two then evolve independently."""
-        child = type(self)(**self.init_kwargs)
+        if self.init_kwargs is None:
+            child = type(self)(self.kwargs)
+        else:
+            child = type(self)(**self.init_kwargs)
         child.restore(self.snapshot())
         return child
 
 
 class ToolEnv(MultiTurnEnv):
-    """Base of tool-using environments (see the module docstring).
+    """Base of tool-using environments (see the module docstring); its kwargs:
+    `ToolEnvKwargs` (how tools are listed, calls per turn, the tool timeout, a turn
+    without action, result length), which a family's model extends."""
 
-    Args:
-        limits: per-episode limits, merged over the class's `default_limits`.
-        schema_style: how tools are listed in the system prompt: ``json`` (one JSON
-            schema per line, the Hermes/Qwen convention), ``signatures`` (one short
-            line per tool, for small context windows) or ``template`` (not listed: the
-            chat template renders `Observation.info["tools"]`; only the syntax is given).
-        max_calls_per_turn: calls beyond this in one turn are refused (`too_many_calls`).
-        tool_timeout_s: limit of one async tool call.
-        no_action: a turn without a tool call or an answer gets a reminder (``nudge``)
-            or ends the episode (``end``).
-        max_result_chars: longer tool results are cut (the model sees that they were).
-    """
-
+    Kwargs: ClassVar[type[ToolEnvKwargs]] = ToolEnvKwargs
+    kwargs: ToolEnvKwargs
     instructions: str = "You are a helpful assistant."
 
-    def __init__(
-        self,
-        *,
-        limits: EpisodeLimits | Mapping[str, Any] | None = None,
-        schema_style: Literal["json", "signatures", "template"] = "json",
-        max_calls_per_turn: int = 8,
-        tool_timeout_s: float = 30.0,
-        no_action: Literal["nudge", "end"] = "nudge",
-        max_result_chars: int = 4000,
-        **init_kwargs: Any,
-    ) -> None:
-        super().__init__(
-            limits=limits,
-            schema_style=schema_style,
-            max_calls_per_turn=max_calls_per_turn,
-            tool_timeout_s=tool_timeout_s,
-            no_action=no_action,
-            max_result_chars=max_result_chars,
-            **init_kwargs,
-        )
-        if schema_style not in ("json", "signatures", "template"):
-            raise ValueError(
-                f"schema_style must be 'json', 'signatures' or 'template', got {schema_style!r}"
-            )
-        if no_action not in ("nudge", "end"):
-            raise ValueError(f"no_action must be 'nudge' or 'end', got {no_action!r}")
-        self.schema_style = schema_style
-        self.max_calls_per_turn = max_calls_per_turn
-        self.no_action = no_action
-        self.max_result_chars = max_result_chars
+    def __init__(self, kwargs: ToolEnvKwargs | None = None, /, **keywords: object) -> None:
+        super().__init__(kwargs, **keywords)
         self._toolbox: ToolBox | None = None
-        self._tool_timeout_s = tool_timeout_s
 
     def build_tools(self) -> list[Tool]:
         """The tools of this environment (called once, on first use)."""
@@ -319,11 +305,11 @@ class ToolEnv(MultiTurnEnv):
     @property
     def toolbox(self) -> ToolBox:
         if self._toolbox is None:
-            self._toolbox = ToolBox(self.build_tools(), timeout_s=self._tool_timeout_s)
+            self._toolbox = ToolBox(self.build_tools(), timeout_s=self.kwargs.tool_timeout_s)
         return self._toolbox
 
     def system_prompt(self, task: Task) -> str:
-        tools = tools_prompt(self.toolbox.tools.values(), style=self.schema_style)
+        tools = tools_prompt(self.toolbox.tools.values(), style=self.kwargs.schema_style)
         return f"{self.instructions}\n\n{tools}"
 
     def opening(self, task: Task) -> list[Message]:
@@ -334,7 +320,7 @@ class ToolEnv(MultiTurnEnv):
 
     async def turn(self, action: str) -> TurnOutcome:
         ep = self.episode
-        parsed = parse_turn(action, max_calls=self.max_calls_per_turn)
+        parsed = parse_turn(action, max_calls=self.kwargs.max_calls_per_turn)
         messages: list[Message] = []
         for error in parsed.errors:
             ep.bump(error.kind)
@@ -349,13 +335,13 @@ class ToolEnv(MultiTurnEnv):
             else:
                 ep.bump(result.error_kind or "exception")
                 ep.bump("errors")
-            messages.append(result.message(self.max_result_chars))
+            messages.append(result.message(self.kwargs.max_result_chars))
         if parsed.answer is not None:
             ep.answer = parsed.answer
             return TurnOutcome(messages, done=True, done_reason="answer")
         if not parsed.calls and not parsed.errors:
             ep.bump("format/no_action")
-            if self.no_action == "end":
+            if self.kwargs.no_action == "end":
                 return TurnOutcome(messages, done=True, done_reason="no_action")
             messages.append(
                 {

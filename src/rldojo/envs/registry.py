@@ -22,7 +22,8 @@ the installed packages and then from the current directory. The registry is an
 `rldojo.plugins.Registry` (`ENVS`), which also says where each environment came from.
 
 Kwargs are checked before the factory runs: against its `Kwargs` model when it declares
-one (`rldojo.envs.kwargs`), else against its signature.
+one (`rldojo.envs.kwargs`), else against its signature. A factory built from its model (the
+built-ins) receives the validated model; any other gets the keywords as written.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+
+from pydantic import BaseModel
 
 from rldojo.envs.base import Env
-from rldojo.envs.kwargs import EnvKwargsError, kwargs_model, validate_kwargs
+from rldojo.envs.kwargs import EnvKwargsError, kwargs_model, takes_model, validate_kwargs
 from rldojo.plugins import Registry
 
 __all__ = [
@@ -118,21 +120,23 @@ def resolve_factory(env_id: str) -> Callable[..., Env]:
     return factory
 
 
-def check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> None:
-    """Raise `EnvKwargsError` (one line, naming the key) when `kwargs` do not fit the
-    factory's `Kwargs` model (`rldojo.envs.kwargs`), or, for a factory without one, its
-    signature: an unknown name (with the closest accepted one) or a missing argument."""
+def check_kwargs(
+    env_id: str, factory: Callable[..., Env], kwargs: Mapping[str, object]
+) -> BaseModel | None:
+    """The factory's `Kwargs` model validated from `kwargs` (None for a factory without one,
+    checked against its signature instead); `EnvKwargsError` (one line, naming the key)
+    when they do not fit: an unknown name (with the closest accepted one), a wrong type, a
+    missing argument."""
     model = kwargs_model(factory)
     if model is not None:
-        validate_kwargs(env_id, model, kwargs)
-        return
+        return validate_kwargs(env_id, model, kwargs)
     try:
         sig = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
-        return
+        return None
     params = sig.parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return  # **kwargs: the factory takes anything
+        return None  # **kwargs: the factory takes anything
     accepted = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     for name in kwargs:
         if name not in accepted:
@@ -146,14 +150,16 @@ def check_kwargs(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any
         sig.bind(**kwargs)
     except TypeError as exc:
         raise EnvKwargsError(f"env.kwargs: {env_id}: {exc}") from None
+    return None
 
 
-def build_env(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> Env:
-    """Call `factory(**kwargs)` and check that the result is an `Env` (TypeError if not);
-    kwargs that do not fit the factory's signature, or that it rejects with a ValueError
-    (a data file's `DataError` aside), are an `EnvKwargsError`."""
-    check_kwargs(env_id, factory, kwargs)
-    env = _call_factory(env_id, factory, kwargs)
+def build_env(env_id: str, factory: Callable[..., Env], kwargs: Mapping[str, object]) -> Env:
+    """Build the environment: the factory's validated `Kwargs` model when it is built from
+    one (`rldojo.envs.kwargs.takes_model`), else `factory(**kwargs)`; TypeError when the
+    result is not an `Env`. Kwargs that do not fit, or that the factory rejects with a
+    ValueError (a data file's `DataError` aside), are an `EnvKwargsError`."""
+    validated = check_kwargs(env_id, factory, kwargs)
+    env = _call_factory(env_id, factory, kwargs, validated)
     if not isinstance(env, Env):
         missing = [
             name
@@ -167,10 +173,17 @@ def build_env(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) 
     return env
 
 
-def _call_factory(env_id: str, factory: Callable[..., Env], kwargs: dict[str, Any]) -> Env:
+def _call_factory(
+    env_id: str,
+    factory: Callable[..., Env],
+    kwargs: Mapping[str, object],
+    validated: BaseModel | None,
+) -> Env:
     from rldojo.data.loading import DataError
 
     try:
+        if validated is not None and takes_model(factory, type(validated)):
+            return factory(validated)
         return factory(**kwargs)
     except (DataError, EnvKwargsError):
         raise  # one line already, naming the file or the key
@@ -181,7 +194,7 @@ def _call_factory(env_id: str, factory: Callable[..., Env], kwargs: dict[str, An
         raise EnvKwargsError(f"env.kwargs: {env_id}: {message}") from exc
 
 
-def make_env(env_id: str, **kwargs: Any) -> Env:
+def make_env(env_id: str, **kwargs: object) -> Env:
     """Build the environment registered as `env_id`, passing `kwargs` to its factory.
 
     `env_id` may also be ``"pkg.module:factory"``: the module is imported and the

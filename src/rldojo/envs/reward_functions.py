@@ -83,7 +83,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def function_name(fn: Any) -> str:
+def function_name(fn: object) -> str:
     """`fn.__name__`, else its type's name (a callable object, a `functools.partial`)."""
     return str(getattr(fn, "__name__", type(fn).__name__))
 
@@ -111,8 +111,11 @@ def _accepted(fn: Callable[..., Any], batched: bool) -> frozenset[str] | None:
     params = list(sig.parameters.values())
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     skipped = set() if batched else {p.name for p in positional[:2]}
-    return frozenset(p.name for p in params if p.name not in skipped
-                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))  # fmt: skip
+    return frozenset(
+        p.name
+        for p in params
+        if p.name not in skipped and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    )
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,9 @@ class RewardTerm:
     """The keywords it takes; None: any."""
 
 
-def reward_terms(reward: RewardFunction | Sequence[RewardFunction],
-                 weights: Sequence[float] | None = None) -> tuple[RewardTerm, ...]:  # fmt: skip
+def reward_terms(
+    reward: RewardFunction | Sequence[RewardFunction], weights: Sequence[float] | None = None
+) -> tuple[RewardTerm, ...]:
     """The terms of one function or a list of them, with their weights (default 1.0 each);
     a TypeError or ValueError (one line) for anything else."""
     fns = list(reward) if isinstance(reward, Sequence) and not isinstance(reward, str) else [reward]
@@ -151,8 +155,10 @@ def reward_terms(reward: RewardFunction | Sequence[RewardFunction],
         while name in names:
             name, n = f"{base}_{n}", n + 1
         names.append(name)
-    return tuple(RewardTerm(fn, name, float(w), is_batched(fn), _accepted(fn, is_batched(fn)))
-                 for fn, name, w in zip(fns, names, ws, strict=True))  # fmt: skip
+    return tuple(
+        RewardTerm(fn, name, float(w), is_batched(fn), _accepted(fn, is_batched(fn)))
+        for fn, name, w in zip(fns, names, ws, strict=True)
+    )
 
 
 def trl_shapes(task: Task, rollout: Rollout) -> tuple[Prompt, Completion]:
@@ -173,7 +179,7 @@ Outcome = float | None | _Failed
 """A function's verdict on one sample: its value, None (skipped), or why it failed."""
 
 
-def _outcome(value: Any, term: RewardTerm) -> Outcome:
+def _outcome(value: object, term: RewardTerm) -> Outcome:
     if value is None:
         return None
     if isinstance(value, numbers.Real) and math.isfinite(float(value)):
@@ -182,15 +188,16 @@ def _outcome(value: Any, term: RewardTerm) -> Outcome:
     return _Failed(f"{term.name} returned {shown}, not a finite number or None")
 
 
-def _batch_outcomes(value: Any, term: RewardTerm, n: int) -> list[Outcome]:
+def _batch_outcomes(value: object, term: RewardTerm, n: int) -> list[Outcome]:
     """One outcome per completion of a batched function's return value."""
     if hasattr(value, "tolist"):  # a numpy array or a torch tensor
         value = value.tolist()
     if isinstance(value, Sequence) and not isinstance(value, str | bytes) and len(value) == n:
         return [_outcome(v, term) for v in value]
     shown = _one_line(repr(value))[:80]
-    return [_Failed(f"{term.name} returned {shown} for {n} completions, not a list of "
-                    f"{n} numbers")] * n  # fmt: skip
+    return [
+        _Failed(f"{term.name} returned {shown} for {n} completions, not a list of {n} numbers")
+    ] * n
 
 
 async def _call(fn: RewardFunction, label: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -211,9 +218,14 @@ class FunctionGrader:
     the samples a batched function waits for before it is called (None: those that arrive
     within `gather_window_s` of each other)."""
 
-    def __init__(self, reward: RewardFunction | Sequence[RewardFunction],
-                 weights: Sequence[float] | None = None, *, group_size: int | None = None,
-                 gather_window_s: float = 0.25) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reward: RewardFunction | Sequence[RewardFunction],
+        weights: Sequence[float] | None = None,
+        *,
+        group_size: int | None = None,
+        gather_window_s: float = 0.25,
+    ) -> None:
         self.terms = reward_terms(reward, weights)
         self.name = "reward:" + "+".join(t.name for t in self.terms)
         self._gathering = GroupGathering(
@@ -229,8 +241,9 @@ class FunctionGrader:
         """A per-sample call's keyword arguments for `task`: its fields `term` takes."""
         return {k: v for k, v in task.info.items() if term.accepts is None or k in term.accepts}
 
-    def batch_arguments(self, term: RewardTerm, rollouts: Sequence[Rollout],
-                        task: Task) -> dict[str, Any]:  # fmt: skip
+    def batch_arguments(
+        self, term: RewardTerm, rollouts: Sequence[Rollout], task: Task
+    ) -> dict[str, Any]:
         """A batched call's keyword arguments: those of `BATCH_ARGUMENTS` and the row's
         fields (each a list, one item per rollout) that `term` takes."""
         shapes = [trl_shapes(task, r) for r in rollouts]
@@ -252,8 +265,12 @@ class FunctionGrader:
     def _check_call(self, term: RewardTerm, task: Task, where: str) -> None:
         clash = sorted(set(BATCH_ARGUMENTS) & task.info.keys()) if term.batched else []
         if clash:
-            raise DataError(where, None, f"field {clash[0]!r}: reserved (an argument of the "
-                            f"batched reward {term.name}); rename the field")  # fmt: skip
+            raise DataError(
+                where,
+                None,
+                f"field {clash[0]!r}: reserved (an argument of the "
+                f"batched reward {term.name}); rename the field",
+            )
         sig = _signature(term.fn)
         if sig is None:
             return
@@ -264,8 +281,7 @@ class FunctionGrader:
             else:
                 sig.bind("prompt", "completion", **self.fields(term, task))
         except TypeError as exc:
-            raise DataError(where, None, f"reward {function_name(term.fn)}{sig}: "
-                            f"{exc}") from None  # fmt: skip
+            raise DataError(where, None, f"reward {function_name(term.fn)}{sig}: {exc}") from None
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         if self.supports_groups:
@@ -279,8 +295,9 @@ class FunctionGrader:
         by_term = await asyncio.gather(*(self._outcomes(t, rollouts, task) for t in self.terms))
         return [self._score([outcomes[i] for outcomes in by_term]) for i in range(len(rollouts))]
 
-    async def _outcomes(self, term: RewardTerm, rollouts: Sequence[Rollout],
-                        task: Task) -> list[Outcome]:  # fmt: skip
+    async def _outcomes(
+        self, term: RewardTerm, rollouts: Sequence[Rollout], task: Task
+    ) -> list[Outcome]:
         label = term.name if len(self.terms) > 1 else None
         if term.batched:
             value = await _call(term.fn, label, **self.batch_arguments(term, rollouts, task))
@@ -308,8 +325,7 @@ class FunctionGrader:
                 scored[term.name] = outcome
         if not scored:
             names = ", ".join(t.name for t in self.terms)
-            return Score.failed("error", f"no reward: {names} returned None",
-                                provenance=provenance)  # fmt: skip
+            return Score.failed("error", f"no reward: {names} returned None", provenance=provenance)
         skipped = [t.name for t in self.terms if t.name not in scored]
         if skipped:
             provenance["skipped"] = skipped

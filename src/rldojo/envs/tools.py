@@ -43,7 +43,9 @@ class ToolError(Exception):
 class ToolResult:
     name: str
     ok: bool
-    content: Any
+    content: object
+    """What the tool returned (JSON-able; other values are sent as their `str`), or why it
+    failed."""
     error_kind: ErrorKind | None = None
 
     def message(self, max_chars: int = 4000) -> dict[str, str]:
@@ -77,7 +79,7 @@ def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
     return description, params
 
 
-def _type_schema(tp: Any) -> dict[str, Any]:
+def _type_schema(tp: object) -> dict[str, Any]:
     """JSON schema of a Python annotation (str, int, float, bool, list, dict, Literal, Optional)."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -106,7 +108,7 @@ def _type_schema(tp: Any) -> dict[str, Any]:
     raise TypeError(f"unsupported tool parameter annotation: {tp!r}")
 
 
-def _check(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
+def _check(value: object, schema: Mapping[str, Any], where: str) -> str | None:
     """Why `value` does not fit `schema` (None when it does)."""
     if "anyOf" in schema:
         if all(_check(value, s, where) for s in schema["anyOf"]):
@@ -116,7 +118,7 @@ def _check(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
         allowed = ", ".join(json.dumps(v) for v in schema["enum"])
         return f"{where}: must be one of {allowed}, got {json.dumps(value, default=str)}"
     kind = schema.get("type")
-    checks: dict[str, Callable[[Any], bool]] = {
+    checks: dict[str, Callable[[object], bool]] = {
         "string": lambda v: isinstance(v, str),
         "boolean": lambda v: isinstance(v, bool),
         "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -127,7 +129,7 @@ def _check(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
     if kind in checks and not checks[kind](value):
         got = "null" if value is None else type(value).__name__
         return f"{where}: expected {kind}, got {got} {json.dumps(value, default=str)[:40]}"
-    if kind == "array" and "items" in schema:
+    if kind == "array" and "items" in schema and isinstance(value, list):
         for i, item in enumerate(value):
             if problem := _check(item, schema["items"], f"{where}[{i}]"):
                 return problem

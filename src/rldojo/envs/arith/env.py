@@ -28,10 +28,10 @@ import hashlib
 import random
 from collections.abc import Callable, Sequence
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rldojo.envs.base import SingleTurnEnv
-from rldojo.envs.kwargs import EnvKwargs
+from rldojo.envs.kwargs import EnvKwargs, given_kwargs, subset_of
 from rldojo.envs.registry import register
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_reward
 from rldojo.graders.rules import answer_instruction
@@ -194,35 +194,27 @@ class ArithKwargs(EnvKwargs):
     grader_timeout_s: float = Field(5.0, gt=0)
     """Hard timeout of one math-verify comparison, in seconds."""
 
+    @field_validator("levels")
+    @classmethod
+    def _known_levels(cls, levels: Sequence[int]) -> tuple[int, ...]:
+        return subset_of(levels, LEVELS)
+
 
 class ArithEnv(SingleTurnEnv):
-    """Procedural arithmetic (see the module docstring); its arguments: `ArithKwargs`."""
+    """Procedural arithmetic (see the module docstring); built from `ArithKwargs` (or
+    keywords validated against it)."""
 
     env_id = ENV_ID
     Kwargs = ArithKwargs
     expected_answer = "a line 'Answer: <number>'"
-    """What the grader extracts an answer from (`rldojo.training.signal` names it)."""
+    """What the grader extracts an answer from (`rldojo.training.no_signal` names it)."""
 
-    def __init__(
-        self,
-        levels: Sequence[int] = (1,),
-        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        answer_format: str = ARITH_INSTRUCTION,
-        *,
-        format_penalty: float = FORMAT_PENALTY,
-        grader_timeout_s: float = 5.0,
-    ) -> None:
+    def __init__(self, kwargs: ArithKwargs | None = None, /, **keywords: object) -> None:
         super().__init__()
-        levels = tuple(levels)
-        if not levels or any(level not in _GENERATORS for level in levels):
-            raise ValueError(
-                f"{ENV_ID}: levels must be a non-empty subset of {LEVELS}, got {levels}"
-            )
-        self.levels = levels
-        self.system_prompt = system_prompt
-        self.answer_format = answer_format
-        self.format_penalty = format_penalty
-        self.grader_timeout_s = grader_timeout_s
+        self.kwargs = given_kwargs(ENV_ID, ArithKwargs, kwargs, keywords)
+        self.levels = tuple(self.kwargs.levels)
+        self.system_prompt = self.kwargs.system_prompt
+        self.answer_format = self.kwargs.answer_format
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
         if split not in DEFAULT_N:
@@ -262,7 +254,8 @@ class ArithEnv(SingleTurnEnv):
 
     def default_grader(self) -> CompositeGrader:
         """``correct - format_penalty * (1 - format)``, correctness by math-verify."""
-        return answer_reward(format_penalty=self.format_penalty, timeout_s=self.grader_timeout_s)
+        k = self.kwargs
+        return answer_reward(format_penalty=k.format_penalty, timeout_s=k.grader_timeout_s)
 
 
 register(ENV_ID, ArithEnv)

@@ -16,10 +16,12 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Literal
 
+from pydantic import field_validator
+
 from rldojo import pyast
 from rldojo.envs.arith_tools.grader import ArithToolsGrader, ArithToolsReward
-from rldojo.envs.kwargs import EnvKwargs, LimitsKwargs, ToolEnvKwargs
-from rldojo.envs.multiturn import EpisodeLimits, ToolEnv
+from rldojo.envs.kwargs import EpisodeLimits, ToolEnvKwargs, subset_of
+from rldojo.envs.multiturn import ToolEnv
 from rldojo.envs.tools import Tool, ToolError
 from rldojo.types import Task
 
@@ -254,21 +256,6 @@ def _problem(rng: random.Random, level: int) -> tuple[str, int]:
 # ------------------------------------------------------------------ env
 
 
-class ArithToolsRewardKwargs(EnvKwargs):
-    """`ArithToolsReward` as a table, ``reward = {tool_cost = 0.05}`` (see `grader`)."""
-
-    tag_reward: float = 0.1
-    """Added for an integer in ``<answer>`` tags and no protocol error."""
-    tool_cost: float = 0.02
-    """Subtracted per tool call, failed ones included (over-use hurts too)."""
-    format_penalty: float = 0.2
-    """Subtracted when the episode ends without a final answer."""
-    error_penalty: float = 0.05
-    """Subtracted per protocol error (up to `error_cap`)."""
-    error_cap: int = 5
-    """Most protocol errors penalised in one episode."""
-
-
 class ArithToolsKwargs(ToolEnvKwargs):
     """The kwargs of arith-tools-v1 (`[env] kwargs`); the tool-use ones are `ToolEnvKwargs`'."""
 
@@ -279,55 +266,39 @@ class ArithToolsKwargs(ToolEnvKwargs):
     ``off`` never offers it."""
     calculator: bool = True
     """Offer the calculator tool (exact arithmetic on integers and fractions)."""
-    reward: ArithToolsRewardKwargs | None = None
-    """Terms of the reward (a table); None: the defaults."""
-    limits: LimitsKwargs | None = None
+    reward: ArithToolsReward = ArithToolsReward()
+    """Terms of the reward (a table; keys left out keep these)."""
+    limits: EpisodeLimits = EpisodeLimits(max_turns=6)
     """Per-episode limits (a table); keys left out keep arith-tools-v1's: max_turns = 6 and
     the other defaults."""
 
+    @field_validator("levels")
+    @classmethod
+    def _known_levels(cls, levels: Sequence[int]) -> tuple[int, ...]:
+        return subset_of(levels, (1, 2, 3, 4))
+
 
 class ArithToolsEnv(ToolEnv):
-    """arith-tools-v1 (see the module docstring); its arguments: `ArithToolsKwargs`."""
+    """arith-tools-v1 (see the module docstring); built from `ArithToolsKwargs` (or
+    keywords validated against it)."""
 
     env_id = ENV_ID
     Kwargs = ArithToolsKwargs
-    default_limits = EpisodeLimits(max_turns=6)
+    kwargs: ArithToolsKwargs
     instructions = (
         "You are a careful math assistant. These numbers are too large to compute in your "
         "head: use the tools. Give the exact integer result in <answer>...</answer>."
     )
 
-    def __init__(
-        self,
-        levels: Sequence[int] = (1, 2, 3, 4),
-        *,
-        python: Literal["auto", "on", "off"] = "auto",
-        calculator: bool = True,
-        reward: ArithToolsReward | dict[str, Any] | None = None,
-        limits: EpisodeLimits | dict[str, Any] | None = None,
-        **tool_env_kwargs: Any,
-    ) -> None:
-        levels = tuple(int(x) for x in levels)
-        if not levels or any(x not in (1, 2, 3, 4) for x in levels):
-            raise ValueError(f"{ENV_ID}: levels must be a non-empty subset of (1, 2, 3, 4)")
-        if python not in ("auto", "on", "off"):
-            raise ValueError(f"{ENV_ID}: python must be 'auto', 'on' or 'off', got {python!r}")
-        if isinstance(reward, dict):
-            reward = ArithToolsReward(**reward)
-        super().__init__(
-            limits=limits,
-            levels=levels,
-            python=python,
-            calculator=calculator,
-            reward=reward,
-            **tool_env_kwargs,
-        )
-        self.levels, self.reward = levels, reward or ArithToolsReward()
+    def __init__(self, kwargs: ArithToolsKwargs | None = None, /, **keywords: object) -> None:
+        super().__init__(kwargs, **keywords)
+        python = self.kwargs.python
+        self.levels, self.reward = tuple(self.kwargs.levels), self.kwargs.reward
         self.offer_python = python == "on" or (python == "auto" and sandbox_status()[0])
-        self.offer_calculator = calculator
+        self.offer_calculator = self.kwargs.calculator
         if python == "on":
             python_tool()  # raises SandboxUnavailableError now, not mid-episode
-        if not (self.offer_python or calculator):
+        if not (self.offer_python or self.offer_calculator):
             raise ValueError(f"{ENV_ID}: no tools: enable calculator or python")
 
     def build_tools(self) -> list[Tool]:

@@ -13,7 +13,6 @@ calculator is used, even where the python tool is offered.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rldojo.envs.arith_tools.env import ENV_ID
 from rldojo.envs.experts import tool_call_text, tool_exchanges
@@ -55,10 +54,8 @@ class ArithToolsExpert:
         return f"<answer>{value}</answer>"
 
 
-def make_expert(
-    *, env_id: str = ENV_ID, calculator: bool = True, **_env_kwargs: Any
-) -> ArithToolsExpert:
+def make_expert(*, env_id: str = ENV_ID, **env_kwargs: object) -> ArithToolsExpert:
     """The expert for an arith-tools-v1 built with these kwargs (it needs the calculator)."""
-    if not calculator:
+    if env_kwargs.get("calculator") is False:
         raise ValueError(f"{env_id}: the expert uses the calculator; calculator=False")
     return ArithToolsExpert()

@@ -12,23 +12,28 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from rldojo.envs.kwargs import EnvKwargs
 from rldojo.envs.multiturn import protocol_terms
 from rldojo.types import Rollout, Score, Task
 
 __all__ = ["ArithToolsGrader", "ArithToolsReward"]
 
 
-@dataclass(frozen=True)
-class ArithToolsReward:
-    """Terms of the arith-tools-v1 reward (see the module docstring)."""
+class ArithToolsReward(EnvKwargs):
+    """Terms of the arith-tools-v1 reward (see the module docstring); the ``reward`` table
+    of its kwargs, ``reward = {tool_cost = 0.05}``."""
 
     tag_reward: float = 0.1
+    """Added for an integer in ``<answer>`` tags and no protocol error."""
     tool_cost: float = 0.02
+    """Subtracted per tool call, failed ones included (over-use hurts too)."""
     format_penalty: float = 0.2
+    """Subtracted when the episode ends without a final answer."""
     error_penalty: float = 0.05
+    """Subtracted per protocol error (up to `error_cap`)."""
     error_cap: int = 5
+    """Most protocol errors penalised in one episode."""
 
 
 def _integer(text: str | None) -> int | None:

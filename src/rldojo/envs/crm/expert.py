@@ -301,6 +301,6 @@ class CrmExpert(ScriptedExpert):
         return tool_exchanges(messages)
 
 
-def make_expert(**_env_kwargs: Any) -> CrmExpert:
+def make_expert(**_env_kwargs: object) -> CrmExpert:
     """The crm-v1 expert (the same for every configuration of the env)."""
     return CrmExpert()

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from rldojo.envs.base import turn_token_rewards
 from rldojo.envs.crm.credit import turn_credits
 from rldojo.envs.crm.data import BOOKKEEPING
+from rldojo.envs.kwargs import EnvKwargs
 from rldojo.envs.multiturn import protocol_terms
 from rldojo.types import Rollout, Score, Task
 
@@ -51,30 +52,39 @@ _NEGATION = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class CrmReward:
-    """Weights and penalties of the crm-v1 reward (see the module docstring)."""
+class CrmReward(EnvKwargs):
+    """Weights and penalties of the crm-v1 reward (see the module docstring); the
+    ``reward`` table of crm-v1's and web-crm-v1's kwargs, ``reward = {collateral_penalty =
+    0.5}``."""
 
     w_state: float = 0.7
+    """Weight of the end state: the share of the expected changes made."""
     w_message: float = 0.3
+    """Weight of the facts the final answer states (counted once the state is right)."""
     collateral_penalty: float = 0.25
+    """Subtracted per change nobody asked for (up to `collateral_cap` of them)."""
     collateral_cap: int = 4
+    """Most collateral changes penalised in one episode."""
     false_claim_penalty: float = 0.5
+    """Subtracted when the final answer claims work that the end state shows undone."""
     format_penalty: float = 0.2
+    """Subtracted when the episode ends without an ``<answer>``."""
     error_penalty: float = 0.05
+    """Subtracted per protocol error, e.g. a malformed tool call (up to `error_cap`)."""
     error_cap: int = 5
+    """Most protocol errors penalised in one episode."""
     turn_credit: float = 0.0
     """Weight of the per-turn tool-choice credit against the expert's choice, put on each
     turn's tokens (`rldojo.envs.crm.credit`); 0: the outcome alone."""
 
 
-def _norm(value: Any) -> str:
+def _norm(value: object) -> str:
     text = str(value).lower().replace("_", " ")
     text = re.sub(r"(?<=\d),(?=\d{3})", "", text).replace("$", "")
     return " ".join(text.split())
 
 
-def _matches(actual: Any, spec: Any) -> bool:
+def _matches(actual: object, spec: object) -> bool:
     if isinstance(spec, Mapping):
         if "contains" in spec:
             return actual is not None and _norm(spec["contains"]) in _norm(actual)
@@ -181,8 +191,9 @@ class CrmGrader:
         judged = [c for c in credits if c != 0.0]
         per_turn = [self.reward.turn_credit * c for c in credits]
         components = {**score.components, "turn_credit": sum(judged) / max(len(judged), 1)}
-        return replace(score, components=components,
-                       token_rewards=turn_token_rewards(rollout, per_turn))  # fmt: skip
+        return replace(
+            score, components=components, token_rewards=turn_token_rewards(rollout, per_turn)
+        )
 
     def score(
         self,

@@ -53,7 +53,9 @@ def sql_tool(
 ) -> Tool:
     """A tool that runs one read-only SQL query on `conn` (see the module docstring)."""
 
-    def authorize(action: int, arg1: Any, arg2: Any, db: Any, source: Any) -> int:
+    def authorize(
+        action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None
+    ) -> int:
         if action not in _ALLOWED:
             return sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_READ and str(arg1).startswith(hidden_prefix):

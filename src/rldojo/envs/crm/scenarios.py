@@ -29,7 +29,15 @@ from typing import Any
 
 from rldojo.envs.crm.data import OPEN_STAGES, STAGES, TABLES, TICKET_SUBJECTS, TODAY, base_snapshot
 
-__all__ = ["DISCOUNTS", "KNOWLEDGE_BASE", "TEMPLATES", "Scenario", "Template", "make_scenario"]
+__all__ = [
+    "DISCOUNTS",
+    "KNOWLEDGE_BASE",
+    "TEMPLATES",
+    "Scenario",
+    "ScenarioDb",
+    "Template",
+    "make_scenario",
+]
 
 Scenario = dict[str, Any]
 """``{"template", "level", "prompt", "expected", "mentions"}``."""
@@ -95,7 +103,7 @@ _RESOLUTIONS = (
 _CALL_SUBJECTS = ("Renewal check-in", "Onboarding review", "Budget planning", "Product feedback")
 
 
-class _Db:
+class ScenarioDb:
     """The start database's rows as dicts, for choosing entities."""
 
     def __init__(self, seed: int, size: str) -> None:
@@ -109,7 +117,7 @@ class _Db:
         conn.close()
         self.account = {a["id"]: a for a in self.rows["accounts"]}
 
-    def where(self, table: str, **eq: Any) -> list[dict[str, Any]]:
+    def where(self, table: str, **eq: object) -> list[dict[str, Any]]:
         return [r for r in self.rows[table] if all(r[k] == v for k, v in eq.items())]
 
     def open_deals(self, account_id: str | None = None) -> list[dict[str, Any]]:
@@ -127,7 +135,7 @@ def _label(stage: str) -> str:
     return stage.replace("_", " ")
 
 
-def _scenario(prompt: str, updates=(), inserts=(), mentions=()) -> Scenario:  # type: ignore[no-untyped-def]
+def _scenario(prompt: str, updates=(), inserts=(), mentions=()) -> Scenario:
     return {
         "prompt": prompt,
         "expected": {"updates": list(updates), "inserts": list(inserts)},
@@ -138,7 +146,7 @@ def _scenario(prompt: str, updates=(), inserts=(), mentions=()) -> Scenario:  # 
 # ------------------------------------------------------------------ level 1: lookups
 
 
-def _contact_email(rng: random.Random, db: _Db) -> Scenario | None:
+def _contact_email(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     c = rng.choice(db.rows["contacts"])
     same = [x for x in db.where("contacts", account_id=c["account_id"]) if _name(x) == _name(c)]
     if len(same) > 1:
@@ -147,7 +155,7 @@ def _contact_email(rng: random.Random, db: _Db) -> Scenario | None:
     return _scenario(f"What is the email address of {_name(c)} at {acc}?", mentions=[c["email"]])
 
 
-def _deal_stage(rng: random.Random, db: _Db) -> Scenario | None:
+def _deal_stage(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     d = rng.choice(db.rows["deals"])
     acc = db.account[d["account_id"]]["name"]
     return _scenario(
@@ -155,12 +163,12 @@ def _deal_stage(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _account_owner(rng: random.Random, db: _Db) -> Scenario | None:
+def _account_owner(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     a = rng.choice(db.rows["accounts"])
     return _scenario(f"Who is the account owner of {a['name']}?", mentions=[a["owner"]])
 
 
-def _open_tickets(rng: random.Random, db: _Db) -> Scenario | None:
+def _open_tickets(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     a = rng.choice(db.rows["accounts"])
     n = sum(t["status"] != "closed" for t in db.where("tickets", account_id=a["id"]))
     return _scenario(
@@ -172,7 +180,7 @@ def _open_tickets(rng: random.Random, db: _Db) -> Scenario | None:
 # ------------------------------------------------------------------ level 2: one update
 
 
-def _move_stage(rng: random.Random, db: _Db) -> Scenario | None:
+def _move_stage(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     d = rng.choice(db.open_deals())
     later = STAGES[STAGES.index(d["stage"]) + 1 :]  # forward moves only, as sales do
     target = rng.choice(later)
@@ -183,7 +191,7 @@ def _move_stage(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _close_ticket(rng: random.Random, db: _Db) -> Scenario | None:
+def _close_ticket(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     open_tickets = [t for t in db.rows["tickets"] if t["status"] != "closed"]
     if not open_tickets:
         return None
@@ -200,7 +208,7 @@ def _close_ticket(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _log_call(rng: random.Random, db: _Db) -> Scenario | None:
+def _log_call(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     c, subject = rng.choice(db.rows["contacts"]), rng.choice(_CALL_SUBJECTS)
     acc = db.account[c["account_id"]]
     match = {"account_id": acc["id"], "contact_id": c["id"], "type": "call"}
@@ -211,7 +219,7 @@ def _log_call(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _create_ticket(rng: random.Random, db: _Db) -> Scenario | None:
+def _create_ticket(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     acc, subject = rng.choice(db.rows["accounts"]), rng.choice(TICKET_SUBJECTS)
     priority = rng.choice(("low", "high", "urgent"))
     match = {"account_id": acc["id"], "priority": priority, "status": "open"}
@@ -226,7 +234,7 @@ def _create_ticket(rng: random.Random, db: _Db) -> Scenario | None:
 # ------------------------------------------------------------------ level 3: several updates
 
 
-def _win_and_thank(rng: random.Random, db: _Db) -> Scenario | None:
+def _win_and_thank(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     d = rng.choice(db.open_deals())
     primary = db.where("contacts", account_id=d["account_id"], is_primary=1)[0]
     amount = max(500, round(d["amount"] * rng.choice((0.9, 1.1, 1.2)) / 500) * 500)
@@ -243,7 +251,7 @@ def _win_and_thank(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _close_urgent(rng: random.Random, db: _Db) -> Scenario | None:
+def _close_urgent(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     acc = rng.choice(db.rows["accounts"])
     hot = [
         t
@@ -268,7 +276,7 @@ def _close_urgent(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _deal_and_note(rng: random.Random, db: _Db) -> Scenario | None:
+def _deal_and_note(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     acc = rng.choice(db.rows["accounts"])
     name = (
         f"{acc['name'].split()[0]} {rng.choice(('Q3 Upsell', 'Data Migration', 'Security Audit'))}"
@@ -294,7 +302,7 @@ def _deal_and_note(rng: random.Random, db: _Db) -> Scenario | None:
 # ------------------------------------------------------------------ level 4: conditions
 
 
-def _conditional_stage(rng: random.Random, db: _Db) -> Scenario | None:
+def _conditional_stage(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     early = [d for d in db.open_deals() if d["stage"] in ("prospecting", "qualification")]
     if not early:
         return None
@@ -309,7 +317,7 @@ def _conditional_stage(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _discount(rng: random.Random, db: _Db) -> Scenario | None:
+def _discount(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     d = rng.choice(db.open_deals())
     acc = db.account[d["account_id"]]
     new = d["amount"] * (100 - DISCOUNTS[acc["tier"]]) // 100
@@ -321,7 +329,7 @@ def _discount(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-def _overdue_lost(rng: random.Random, db: _Db) -> Scenario | None:
+def _overdue_lost(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     acc = rng.choice(db.rows["accounts"])
     overdue = [d for d in db.open_deals(acc["id"]) if d["close_date"] < TODAY.isoformat()]
     if not overdue:
@@ -335,7 +343,7 @@ def _overdue_lost(rng: random.Random, db: _Db) -> Scenario | None:
     )
 
 
-Template = Callable[[random.Random, _Db], Scenario | None]
+Template = Callable[[random.Random, ScenarioDb], Scenario | None]
 """Draws one scenario from a start database, or None where it has no eligible entity."""
 
 TEMPLATES: dict[int, tuple[Template, ...]] = {
@@ -346,7 +354,7 @@ TEMPLATES: dict[int, tuple[Template, ...]] = {
 }
 
 
-_DB_CACHE: dict[tuple[int, str], _Db] = {}
+_DB_CACHE: dict[tuple[int, str], ScenarioDb] = {}
 
 
 def make_scenario(
@@ -360,7 +368,7 @@ def make_scenario(
     default), on database `(db_seed, size)`."""
     db = _DB_CACHE.get((db_seed, size))
     if db is None:
-        db = _DB_CACHE.setdefault((db_seed, size), _Db(db_seed, size))
+        db = _DB_CACHE.setdefault((db_seed, size), ScenarioDb(db_seed, size))
     for _ in range(200):  # a template without an eligible entity is redrawn
         level = rng.choice(levels)
         template = rng.choice(templates[level])

@@ -36,29 +36,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rldojo.envs.base import turn_token_rewards
 from rldojo.envs.games.expert import credit_expert
 from rldojo.envs.games.rules import Connect4, Rules, TicTacToe, negamax
-from rldojo.envs.kwargs import EnvKwargs, LimitsKwargs
-from rldojo.envs.multiturn import EpisodeLimits, MultiTurnEnv, TurnOutcome
+from rldojo.envs.kwargs import EpisodeLimits, MultiTurnKwargs
+from rldojo.envs.multiturn import MultiTurnEnv, TurnOutcome
 from rldojo.envs.registry import register
 from rldojo.types import Rollout, Score, Task
 
-__all__ = ["Connect4Env", "GameGrader", "GameKwargs", "GameState", "TicTacToeEnv"]
+__all__ = ["Connect4Env", "Connect4Kwargs", "GameGrader", "GameKwargs", "GameState", "TicTacToeEnv"]
 
 _MOVE = re.compile(r"<move>\s*(\d+)\s*</move>")
 _ANSWER_MOVE = re.compile(r"<answer>\s*(\d+)\s*</answer>")
 DEFAULT_N = {"train": 500, "test": 100}
-OUTCOME_REWARD = {"win": 1.0, "draw": 0.5, "loss": 0.0, "forfeit": 0.0, "unfinished": 0.0}
+Outcome = Literal["win", "draw", "loss", "forfeit", "unfinished"]
+OUTCOME_REWARD: dict[Outcome, float] = {"win": 1.0, "draw": 0.5, "loss": 0.0, "forfeit": 0.0,
+                                        "unfinished": 0.0}  # fmt: skip
 
 
 @dataclass
 class GameState:
     board: list[str]
     mark: str
-    rng_state: Any
+    rng_state: tuple[object, ...] | None
+    """The opponent's random generator (`random.Random.getstate`); None before a reset."""
     history: list[str] = field(default_factory=list)
     illegal: int = 0
     outcome: str = "unfinished"
@@ -66,11 +69,9 @@ class GameState:
     """The move of each policy turn, None for an illegal one."""
 
 
-Outcome = Literal["win", "draw", "loss", "forfeit", "unfinished"]
-
-
-class GameKwargs(EnvKwargs):
-    """The kwargs of tictactoe-v1 and connect4-v1 (`[env] kwargs`)."""
+class GameKwargs(MultiTurnKwargs):
+    """The kwargs of tictactoe-v1 and connect4-v1 (`[env] kwargs`); `GameGrader` reads
+    the reward's."""
 
     opponent_depth: int = Field(0, ge=0)
     """Plies the opponent searches (negamax); 0 plays random legal moves, tic-tac-toe at
@@ -79,56 +80,41 @@ class GameKwargs(EnvKwargs):
     """Chance that the opponent plays a random legal move instead of its search's."""
     max_illegal: int = Field(3, ge=1)
     """Illegal or missing moves before the game is lost by forfeit."""
-    outcome_reward: Mapping[Outcome, float] | None = None
-    """Reward per outcome, merged over win 1.0, draw 0.5, loss 0.0, forfeit 0.0,
-    unfinished 0.0 (a table, e.g. ``{draw = 0.3}``)."""
+    outcome_reward: Mapping[Outcome, float] = OUTCOME_REWARD
+    """Reward per outcome (a table, e.g. ``{draw = 0.3}``, merged over these)."""
     illegal_penalty: float = 0.1
     """Subtracted per illegal move."""
     move_credit: float = Field(0.0, ge=0.0)
     """Weight of the per-move credit put on each move's tokens (module docstring); 0: off."""
-    limits: LimitsKwargs | None = None
+    limits: EpisodeLimits = EpisodeLimits(max_turns=12)
     """Per-episode limits (a table); keys left out keep the game's: max_turns = 12
-    (tic-tac-toe) or 30 (connect four) and the other defaults."""
+    (tic-tac-toe: 5 moves at most, and illegal attempts) and the other defaults."""
+
+    @field_validator("outcome_reward", mode="before")
+    @classmethod
+    def _over_default_rewards(cls, value: object) -> object:
+        """A partial table keeps the other outcomes' rewards."""
+        return {**OUTCOME_REWARD, **value} if isinstance(value, Mapping) else value
+
+
+class Connect4Kwargs(GameKwargs):
+    """The kwargs of connect4-v1: tictactoe-v1's, with its own limits."""
+
+    limits: EpisodeLimits = EpisodeLimits(max_turns=30)
+    """Per-episode limits (a table); keys left out keep connect four's: max_turns = 30
+    (21 moves at most, and illegal attempts) and the other defaults."""
 
 
 class GameEnv(MultiTurnEnv):
-    """A board game against a scripted opponent (see the module docstring); its
-    arguments: `GameKwargs`."""
+    """A board game against a scripted opponent (see the module docstring); built from
+    `GameKwargs` (or keywords validated against it)."""
 
     Kwargs = GameKwargs
+    kwargs: GameKwargs
     rules: Rules = TicTacToe()
-    default_limits = EpisodeLimits(max_turns=12)
 
-    def __init__(
-        self,
-        *,
-        opponent_depth: int = 0,
-        opponent_epsilon: float = 0.0,
-        max_illegal: int = 3,
-        outcome_reward: Mapping[str, float] | None = None,
-        illegal_penalty: float = 0.1,
-        move_credit: float = 0.0,
-        limits: EpisodeLimits | dict[str, Any] | None = None,
-    ) -> None:
-        if opponent_depth < 0 or not 0.0 <= opponent_epsilon <= 1.0 or max_illegal < 1:
-            raise ValueError(
-                f"{self.env_id}: need opponent_depth >= 0, 0 <= epsilon <= 1, max_illegal >= 1"
-            )
-        if move_credit < 0:
-            raise ValueError(f"{self.env_id}: move_credit must be >= 0, got {move_credit}")
-        super().__init__(
-            limits=limits,
-            opponent_depth=opponent_depth,
-            opponent_epsilon=opponent_epsilon,
-            max_illegal=max_illegal,
-            outcome_reward=outcome_reward,
-            illegal_penalty=illegal_penalty,
-            move_credit=move_credit,
-        )
-        self.opponent_depth, self.opponent_epsilon = opponent_depth, opponent_epsilon
-        self.max_illegal = max_illegal
-        self.outcome_reward = {**OUTCOME_REWARD, **(outcome_reward or {})}
-        self.illegal_penalty, self.move_credit = illegal_penalty, move_credit
+    def __init__(self, kwargs: GameKwargs | None = None, /, **keywords: object) -> None:
+        super().__init__(kwargs, **keywords)
         self.state = GameState(["."] * (self.rules.rows * self.rules.cols), "X", None)
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
@@ -189,19 +175,20 @@ class GameEnv(MultiTurnEnv):
 
     def _opponent_move(self) -> None:
         s, rules = self.state, self.rules
+        assert s.rng_state is not None, "the opponent moves after a reset"
         rng = random.Random()
         rng.setstate(s.rng_state)
         opp = "O" if s.mark == "X" else "X"
         moves = rules.legal(s.board)
-        if self.opponent_depth == 0 or rng.random() < self.opponent_epsilon:
+        depth = self.kwargs.opponent_depth
+        if depth == 0 or rng.random() < self.kwargs.opponent_epsilon:
             move = rng.choice(moves)
         else:
             scored = []
             for m in moves:
                 cell = rules.play(s.board, m, opp)
                 won = rules.wins(s.board, cell)
-                depth = self.opponent_depth - 1
-                value = 2.0 if won else -negamax(rules, s.board, s.mark, depth, -3.0, 3.0)
+                value = 2.0 if won else -negamax(rules, s.board, s.mark, depth - 1, -3.0, 3.0)
                 rules.undo(s.board, cell)
                 scored.append((value, m))
             best = max(v for v, _ in scored)
@@ -223,7 +210,7 @@ class GameEnv(MultiTurnEnv):
         if move not in legal:
             s.illegal += 1
             why = "no <move>N</move> found" if move is None else f"{move} is not a legal move"
-            if s.illegal >= self.max_illegal:
+            if s.illegal >= self.kwargs.max_illegal:
                 s.outcome = "forfeit"
                 return TurnOutcome([], done=True, done_reason="forfeit")
             text = f"Illegal move: {why}. Legal moves: {', '.join(map(str, legal))}."
@@ -253,17 +240,12 @@ class GameEnv(MultiTurnEnv):
     def save_state(self) -> GameState:
         return copy.deepcopy(self.state)
 
-    def load_state(self, state: Any) -> None:
+    def load_state(self, state: object) -> None:
+        assert isinstance(state, GameState)
         self.state = copy.deepcopy(state)
 
     def default_grader(self) -> GameGrader:
-        return GameGrader(
-            self.outcome_reward,
-            self.illegal_penalty,
-            move_credit=self.move_credit,
-            rules=self.rules,
-            opponent_depth=self.opponent_depth,
-        )
+        return GameGrader(self.kwargs, self.rules)
 
 
 class GameGrader:
@@ -273,41 +255,36 @@ class GameGrader:
     name = "game"
     version = "1"
 
-    def __init__(
-        self,
-        outcome_reward: Mapping[str, float] | None = None,
-        illegal_penalty: float = 0.1,
-        *,
-        move_credit: float = 0.0,
-        rules: Rules | None = None,
-        opponent_depth: int = 0,
-    ) -> None:
-        self.outcome_reward = {**OUTCOME_REWARD, **(outcome_reward or {})}
-        self.illegal_penalty, self.move_credit = illegal_penalty, move_credit
+    def __init__(self, kwargs: GameKwargs | None = None, rules: Rules | None = None) -> None:
+        """`kwargs`: the environment's (its reward terms and opponent); `rules`: the game's."""
+        self.kwargs = kwargs or GameKwargs()
         self.rules = rules or TicTacToe()
-        self._expert = credit_expert(self.rules, opponent_depth) if move_credit > 0 else None
+        credit = self.kwargs.move_credit > 0
+        self._expert = credit_expert(self.rules, self.kwargs.opponent_depth) if credit else None
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         prov = {"grader": self.name, "version": self.version}
         outcome = rollout.info.get("game/outcome")
-        if outcome not in self.outcome_reward:
+        k = self.kwargs
+        reward = next((r for o, r in k.outcome_reward.items() if o == outcome), None)
+        if reward is None:
             return Score.failed(
                 "invalid", f"rollout has no game outcome ({outcome!r})", provenance=prov
             )
         illegal = int(rollout.info.get("game/illegal_moves", 0) or 0)
-        value = self.outcome_reward[outcome] - self.illegal_penalty * illegal
+        value = reward - k.illegal_penalty * illegal
         components = {
             "correct": float(outcome == "win"),
             "draw": float(outcome == "draw"),
             "illegal_moves": float(illegal),
         }
         token_rewards = None
-        if self.move_credit > 0:
+        if k.move_credit > 0:
             credits = self.move_credits(rollout, task)
             actions = rollout.info.get("game/actions", ())
             legal = [c for c, a in zip(credits, actions, strict=True) if a is not None]
             components["move_credit"] = sum(legal) / len(legal) if legal else 0.0
-            token_rewards = turn_token_rewards(rollout, [self.move_credit * c for c in credits])
+            token_rewards = turn_token_rewards(rollout, [k.move_credit * c for c in credits])
         return Score(
             value,
             components=components,
@@ -339,15 +316,14 @@ class TicTacToeEnv(GameEnv):
 
     env_id = "tictactoe-v1"
     rules = TicTacToe()
-    default_limits = EpisodeLimits(max_turns=12)  # 5 moves at most, and illegal attempts
 
 
 class Connect4Env(GameEnv):
-    """connect4-v1 (see the module docstring)."""
+    """connect4-v1 (see the module docstring); built from `Connect4Kwargs`."""
 
     env_id = "connect4-v1"
+    Kwargs = Connect4Kwargs
     rules = Connect4()
-    default_limits = EpisodeLimits(max_turns=30)  # 21 moves at most, and illegal attempts
 
 
 register(TicTacToeEnv.env_id, TicTacToeEnv)

@@ -10,7 +10,6 @@ fixed preference order (centre first), so the same position always gets the same
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rldojo.envs.games.rules import Connect4, Rules, TicTacToe, negamax
 from rldojo.types import Message, Task
@@ -136,7 +135,7 @@ class GameExpert:
         return "<move>1</move>"  # no board to read: the env replies with the legal moves
 
 
-def make_expert(*, env_id: str = "tictactoe-v1", **_env_kwargs: Any) -> GameExpert:
+def make_expert(*, env_id: str = "tictactoe-v1", **_env_kwargs: object) -> GameExpert:
     """The expert of `env_id` (tictactoe-v1 or connect4-v1)."""
     if env_id == "connect4-v1":
         return GameExpert(Connect4(), CONNECT4_DEPTH)

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rldojo.data.loading import (
     DataError,
@@ -43,7 +43,7 @@ from rldojo.data.loading import (
     require_field,
 )
 from rldojo.envs.base import SingleTurnEnv
-from rldojo.envs.kwargs import EnvKwargs
+from rldojo.envs.kwargs import EnvKwargs, given_kwargs
 from rldojo.envs.registry import register
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader, answer_reward
 from rldojo.graders.rules import answer_instruction, last_boxed
@@ -199,7 +199,7 @@ class MathKwargs(EnvKwargs):
     """The reference field; None: the first of answer, solution."""
     id_field: str = "id"
     """Optional field with a unique id per row."""
-    test_fraction: float = 0.1
+    test_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Held-out share, in [0, 1), when there is no `test_path`."""
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     """The system message; None for none."""
@@ -210,55 +210,39 @@ class MathKwargs(EnvKwargs):
     grader_timeout_s: float = Field(5.0, gt=0)
     """Hard timeout of one math-verify comparison, in seconds."""
 
+    @model_validator(mode="after")
+    def _one_source(self) -> MathKwargs:
+        if (self.path is None) == (self.hf_dataset is None):
+            raise ValueError("pass exactly one of path and hf_dataset")
+        return self
+
 
 class MathEnv(SingleTurnEnv):
-    """Math problems with reference answers from a file or hub dataset (see module docstring).
-
-    Args: see `MathKwargs` (one documented field per argument).
-    """
+    """Math problems with reference answers from a file or hub dataset (see module
+    docstring); built from `MathKwargs` (or keywords validated against it)."""
 
     env_id = ENV_ID
     Kwargs = MathKwargs
     expected_answer = "a line 'Answer: <answer>'"
-    """What the grader extracts an answer from (`rldojo.training.signal` names it)."""
+    """What the grader extracts an answer from (`rldojo.training.no_signal` names it)."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        test_path: str | os.PathLike[str] | None = None,
-        hf_dataset: str | Sequence[str] | None = None,
-        prompt_field: str | None = None,
-        answer_field: str | None = None,
-        id_field: str = "id",
-        test_fraction: float = 0.1,
-        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        answer_format: str = MATH_INSTRUCTION,
-        format_penalty: float = FORMAT_PENALTY,
-        grader_timeout_s: float = 5.0,
-    ) -> None:
+    def __init__(self, kwargs: MathKwargs | None = None, /, **keywords: object) -> None:
         super().__init__()
-        if (path is None) == (hf_dataset is None):
-            raise ValueError(f"{ENV_ID}: pass exactly one of path= or hf_dataset=")
-        if not 0.0 <= test_fraction < 1.0:
-            raise ValueError(f"{ENV_ID}: test_fraction must be in [0, 1), got {test_fraction}")
-        prompts = (prompt_field,) if prompt_field else PROMPT_FIELDS
-        answers = (answer_field,) if answer_field else ANSWER_FIELDS
-        if path is not None:
-            self._records = _load_file(os.fspath(path), prompts, answers, id_field)
+        k = self.kwargs = given_kwargs(ENV_ID, MathKwargs, kwargs, keywords)
+        prompts = (k.prompt_field,) if k.prompt_field else PROMPT_FIELDS
+        answers = (k.answer_field,) if k.answer_field else ANSWER_FIELDS
+        if k.path is not None:
+            self._records = _load_file(os.fspath(k.path), prompts, answers, k.id_field)
         else:
-            assert hf_dataset is not None
-            self._records = _load_hf(hf_dataset, prompts, answers, id_field)
+            assert k.hf_dataset is not None
+            self._records = _load_hf(k.hf_dataset, prompts, answers, k.id_field)
         self._test_records = (
-            _load_file(os.fspath(test_path), prompts, answers, id_field)
-            if test_path is not None
+            _load_file(os.fspath(k.test_path), prompts, answers, k.id_field)
+            if k.test_path is not None
             else None
         )
-        self.test_fraction = test_fraction
-        self.system_prompt = system_prompt
-        self.answer_format = answer_format
-        self.format_penalty = format_penalty
-        self.grader_timeout_s = grader_timeout_s
+        self.system_prompt = k.system_prompt
+        self.answer_format = k.answer_format
 
     def _split(self, split: str) -> list[Record]:
         if split not in ("train", "test"):
@@ -266,7 +250,7 @@ class MathEnv(SingleTurnEnv):
         if self._test_records is not None:
             return self._records if split == "train" else self._test_records
         want_test = split == "test"
-        return [r for r in self._records if _is_test(r[1], self.test_fraction) == want_test]
+        return [r for r in self._records if _is_test(r[1], self.kwargs.test_fraction) == want_test]
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
         records = list(self._split(split))
@@ -290,7 +274,8 @@ class MathEnv(SingleTurnEnv):
 
     def default_grader(self) -> CompositeGrader:
         """``correct - format_penalty * (1 - format)``, correctness by math-verify."""
-        return answer_reward(format_penalty=self.format_penalty, timeout_s=self.grader_timeout_s)
+        k = self.kwargs
+        return answer_reward(format_penalty=k.format_penalty, timeout_s=k.grader_timeout_s)
 
 
 register(ENV_ID, MathEnv)

@@ -11,7 +11,7 @@ where `options` may be called `choices`, and `answer` is the option's index, its
 
 The display format (label scheme, option order, template, answer instruction) is an
 `rldojo.envs.mcq.items.MCFormat`, set by the `labels`, `order_seed`, `template` and
-`instruction` arguments; the robustness probes re-render the same tasks under other
+`instruction` kwargs (`MCQKwargs`); the robustness probes re-render the same tasks under other
 formats. The reward is ``correct - format_penalty * (1 - format)``, where `correct` is
 judged on the chosen option's content (`MultipleChoiceGrader`).
 
@@ -24,21 +24,35 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from typing import Any
+from collections.abc import Collection
+from pathlib import Path
+
+from pydantic import ValidationInfo, field_validator
 
 from rldojo.data.loading import DataError, read_rows, require_any_field
 from rldojo.envs.base import SingleTurnEnv
-from rldojo.envs.mcq.items import LABEL_SCHEMES, MCFormat, MCItem, mc_reward, mc_task
+from rldojo.envs.kwargs import EnvKwargs, given_kwargs
+from rldojo.envs.mcq.items import (
+    LABEL_SCHEMES,
+    MC_INSTRUCTIONS,
+    MC_TEMPLATES,
+    MCFormat,
+    MCItem,
+    mc_reward,
+    mc_task,
+)
 from rldojo.envs.registry import register
 from rldojo.graders.composite import FORMAT_PENALTY, CompositeGrader
 from rldojo.types import Task
 
-__all__ = ["MCQEnv", "builtin_item", "load_items"]
+__all__ = ["MCQEnv", "MCQKwargs", "builtin_item", "load_items"]
 
 ENV_ID = "mcq-v1"
 TEST_SHARE = 0.2
 DEFAULT_N = {"train": 1000, "test": 200}
 DEFAULT_SYSTEM_PROMPT = "You are a concise assistant."
+PLAIN = MCFormat()
+"""The display format unless the kwargs say otherwise."""
 
 _CATEGORIES: dict[str, tuple[str, ...]] = {
     "a fruit": ("apple", "banana", "cherry", "mango", "pear", "grape", "peach", "plum"),
@@ -79,7 +93,7 @@ def builtin_item(rng: random.Random) -> MCItem:
     return _arith_item(rng) if rng.random() < 0.5 else _category_item(rng)
 
 
-def _answer_index(raw: Any, options: list[str], path: str, line: int) -> int:
+def _answer_index(raw: object, options: list[str], path: str, line: int) -> int:
     if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < len(options):
         return raw
     if isinstance(raw, str):
@@ -110,38 +124,56 @@ def load_items(path: str | os.PathLike[str]) -> list[tuple[str, MCItem]]:
     return items
 
 
-class MCQEnv(SingleTurnEnv):
-    """Multiple-choice questions (see the module docstring).
+class MCQKwargs(EnvKwargs):
+    """The kwargs of mcq-v1 (`[env] kwargs`)."""
 
-    Args:
-        path: a file of items; None for the built-in procedural items.
-        labels, order_seed, template, instruction: the display format (`MCFormat`).
-        system_prompt: the system message; None for none.
-        format_penalty: reward lost when the ``Answer:`` line is missing.
-    """
+    path: str | Path | None = None
+    """A JSONL/JSON/Parquet file of items (module docstring); None: the built-in items."""
+    labels: str = PLAIN.labels
+    """Label scheme: ``letters`` (A. B.), ``numbers`` (1. 2.), ``paren`` (a) b)) or
+    ``bracketed`` ((A) (B))."""
+    order_seed: int | None = PLAIN.order_seed
+    """Shuffle each item's options with this seed; None keeps the original order."""
+    template: str = PLAIN.template
+    """Prompt template: ``plain``, ``qa`` or ``instruction_first``."""
+    instruction: str = PLAIN.instruction
+    """Answer instruction: ``default``, ``terse`` or ``think``."""
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    """The system message; None for none."""
+    format_penalty: float = FORMAT_PENALTY
+    """Reward lost when the ``Answer:`` line is missing."""
+
+    @field_validator("labels", "template", "instruction")
+    @classmethod
+    def _known(cls, value: str, info: ValidationInfo) -> str:
+        tables: dict[str, Collection[str]] = {
+            "labels": LABEL_SCHEMES,
+            "template": MC_TEMPLATES,
+            "instruction": MC_INSTRUCTIONS,
+        }
+        table = tables[str(info.field_name)]
+        if value not in table:
+            raise ValueError(f"expected one of {', '.join(map(repr, table))}")
+        return value
+
+
+class MCQEnv(SingleTurnEnv):
+    """Multiple-choice questions (see the module docstring); built from `MCQKwargs` (or
+    keywords validated against it)."""
 
     env_id = ENV_ID
+    Kwargs = MCQKwargs
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        labels: str = "letters",
-        order_seed: int | None = None,
-        template: str = "plain",
-        instruction: str = "default",
-        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-        format_penalty: float = FORMAT_PENALTY,
-    ) -> None:
+    def __init__(self, kwargs: MCQKwargs | None = None, /, **keywords: object) -> None:
         super().__init__()
-        self.format = MCFormat(labels, order_seed, template, instruction)
-        self.items = load_items(path) if path is not None else None
-        self.system_prompt = system_prompt
-        self.format_penalty = format_penalty
+        k = self.kwargs = given_kwargs(ENV_ID, MCQKwargs, kwargs, keywords)
+        self.format = MCFormat(k.labels, k.order_seed, k.template, k.instruction)
+        self.items = load_items(k.path) if k.path is not None else None
+        self.system_prompt = k.system_prompt
 
     @property
     def expected_answer(self) -> str:
-        """What the grader extracts an answer from (`rldojo.training.signal` names it)."""
+        """What the grader extracts an answer from (`rldojo.training.no_signal` names it)."""
         return f"a line 'Answer: <{LABEL_SCHEMES[self.format.labels][2]}>'"
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
@@ -169,7 +201,7 @@ class MCQEnv(SingleTurnEnv):
 
     def default_grader(self) -> CompositeGrader:
         """``correct - format_penalty * (1 - format)``, correctness by the option chosen."""
-        return mc_reward(self.format_penalty)
+        return mc_reward(self.kwargs.format_penalty)
 
 
 register(ENV_ID, MCQEnv)

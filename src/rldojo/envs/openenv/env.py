@@ -46,12 +46,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, model_validator
 
 from rldojo.envs.base import EpisodeDone
-from rldojo.envs.kwargs import EnvKwargs
+from rldojo.envs.kwargs import EnvKwargs, given_kwargs
 from rldojo.envs.openenv.grader import OpenEnvRewardGrader
 from rldojo.envs.openenv.server import shared_server
 from rldojo.envs.openenv.tools import LIST_TOOLS, ToolTurns, listed_tools
@@ -70,6 +70,22 @@ from rldojo.types import Observation, StepResult, Task
 __all__ = ["ENV_ID", "OpenEnvEnv", "OpenEnvKwargs"]
 
 ENV_ID = "openenv-v1"
+
+
+class _Reply(Protocol):
+    """What OpenEnv's client returns for a reset or a step (its `StepResult`)."""
+
+    observation: dict[str, Any]
+    reward: float | None
+    done: bool
+
+
+class _Session(Protocol):
+    """The part of OpenEnv's `GenericEnvClient` an episode uses (one session)."""
+
+    async def reset(self, **payload: object) -> _Reply: ...
+
+    async def step(self, action: dict[str, Any]) -> _Reply: ...
 
 
 class OpenEnvKwargs(EnvKwargs):
@@ -135,18 +151,18 @@ class OpenEnvKwargs(EnvKwargs):
 
 
 class OpenEnvEnv:
-    """An OpenEnv server's episodes as an rldojo `Env` (see the module docstring); its
-    arguments: `OpenEnvKwargs`."""
+    """An OpenEnv server's episodes as an rldojo `Env` (see the module docstring); built
+    from `OpenEnvKwargs` (or keywords validated against it)."""
 
     Kwargs = OpenEnvKwargs
     env_id = ENV_ID
 
-    def __init__(self, base_url: str | None = None, **kwargs: Any) -> None:
-        self.config = OpenEnvKwargs(base_url=base_url, **kwargs)
-        self._client: Any = None
+    def __init__(self, kwargs: OpenEnvKwargs | None = None, /, **keywords: object) -> None:
+        self.kwargs = given_kwargs(ENV_ID, OpenEnvKwargs, kwargs, keywords)
+        self._client: _Session | None = None
         self._stack: contextlib.AsyncExitStack | None = None
-        self._url = self.config.base_url
-        self._field: str | None = self.config.action_field
+        self._url = self.kwargs.base_url
+        self._field: str | None = self.kwargs.action_field
         self._mode: Literal["text", "mcp_tools"] | None = None
         self._tools: ToolTurns | None = None
         self._rewards: list[float | None] = []
@@ -156,7 +172,7 @@ class OpenEnvEnv:
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
         """Reset requests (module docstring); `seed` does not change them."""
-        c = self.config
+        c = self.kwargs
         if split not in ("train", "test"):
             raise ValueError(f"{ENV_ID}: unknown split {split!r} (train or test)")
         count, first = (c.tasks, c.seed) if split == "train" else (c.test_tasks, c.seed + c.tasks)
@@ -164,21 +180,22 @@ class OpenEnvEnv:
         return [self._task(split, k, first + k) for k in range(count)]
 
     def _task(self, split: str, index: int, seed: int) -> Task:
-        reset: dict[str, Any] = {**self.config.reset_kwargs, "seed": seed}
-        if self.config.task_api:
+        reset: dict[str, Any] = {**self.kwargs.reset_kwargs, "seed": seed}
+        if self.kwargs.task_api:
             reset.update(split=split, index=index)
         prompt = f"OpenEnv episode {split}/{index} (reset seed {seed}); the server poses it"
-        return Task(id=f"{ENV_ID}/{split}/{index}", prompt=prompt, info={"reset": reset},
-                    env=ENV_ID)  # fmt: skip
+        return Task(
+            id=f"{ENV_ID}/{split}/{index}", prompt=prompt, info={"reset": reset}, env=ENV_ID
+        )
 
     def default_grader(self) -> OpenEnvRewardGrader:
-        where = self.config.base_url or self.config.path or ""
-        return OpenEnvRewardGrader(self.config.reward, where)
+        where = self.kwargs.base_url or self.kwargs.path or ""
+        return OpenEnvRewardGrader(self.kwargs.reward, where)
 
     async def _prepare(self) -> str:
         """The server's URL (starting `path`'s server, or finding it running) and, once,
         how turns are sent (`actions`; ``auto`` reads the server's ``/schema``)."""
-        c = self.config
+        c = self.kwargs
         if c.path is not None:
             server = await asyncio.to_thread(shared_server, c.path, timeout_s=c.start_timeout_s)
             self._url = server.url
@@ -193,36 +210,44 @@ class OpenEnvEnv:
             self._mode = "mcp_tools" if tools else "text"
         return self._url
 
-    async def _connect(self, url: str) -> None:
+    async def _connect(self, url: str) -> _Session:
         from openenv.core import GenericEnvClient
 
-        c = self.config
+        c = self.kwargs
         self._stack = contextlib.AsyncExitStack()
         client = GenericEnvClient(
             base_url=url,
             connect_timeout_s=c.connect_timeout_s,
             message_timeout_s=c.message_timeout_s,
         )
-        self._client = await self._stack.enter_async_context(client)
+        session: _Session = await self._stack.enter_async_context(client)
+        self._client = session
+        return session
 
-    async def _open(self, payload: dict[str, Any]) -> Any:
+    def _session(self) -> _Session:
+        """The episode's open session."""
+        if self._client is None:
+            raise EpisodeDone(f"{ENV_ID}: no open session (reset first)")
+        return self._client
+
+    async def _open(self, payload: dict[str, Any]) -> _Reply:
         """Connect and reset; while the server is at capacity, close, back off and try
         again until `capacity_wait_s` has passed (the server refuses the session with
         an error frame, which OpenEnv's client raises as a `RuntimeError`)."""
-        deadline = time.monotonic() + self.config.capacity_wait_s
+        deadline = time.monotonic() + self.kwargs.capacity_wait_s
         delay = 0.02
         while True:
             url = await self._prepare()
-            await self._connect(url)
+            session = await self._connect(url)
             try:
-                return await self._client.reset(**payload)
+                return await session.reset(**payload)
             except RuntimeError as exc:
                 if "CAPACITY_REACHED" not in str(exc):
                     raise
                 if time.monotonic() + delay > deadline:
                     raise ConnectionError(
                         f"{url} stayed at capacity (its max_concurrent_envs) "
-                        f"for {self.config.capacity_wait_s:g}s (capacity_wait_s): {exc}"
+                        f"for {self.kwargs.capacity_wait_s:g}s (capacity_wait_s): {exc}"
                     ) from exc
             await self.close()
             await asyncio.sleep(delay)
@@ -234,13 +259,13 @@ class OpenEnvEnv:
         await self.close()
         result = await self._open(dict(task.info.get("reset") or {"seed": seed}))
         check_status(result.observation)
-        messages = observation_messages(result.observation, self.config.observation_field)
+        messages = observation_messages(result.observation, self.kwargs.observation_field)
         self._rewards, self._status, self._turns, self._done = [], "ok", 0, False
         info: dict[str, Any] = {"seed": seed}
-        system = self.config.system_prompt
+        system = self.kwargs.system_prompt
         if self._mode == "mcp_tools":
             tools = await self._list_tools()
-            prompt = tools_prompt(tools, style=self.config.schema_style)
+            prompt = tools_prompt(tools, style=self.kwargs.schema_style)
             system = f"{system}\n\n{prompt}" if system else prompt
             info["tools"] = [t.schema() for t in tools]
         elif result.observation.get("tools"):
@@ -251,19 +276,20 @@ class OpenEnvEnv:
 
     async def _list_tools(self) -> list[Any]:
         """The session's tools (OpenEnv's `ListToolsAction`), and a fresh tool loop."""
-        observation = (await self._client.step(LIST_TOOLS)).observation
+        observation = (await self._session().step(LIST_TOOLS)).observation
         error = (observation.get("metadata") or {}).get("error")
         if "tools" not in observation or (error and not observation["tools"]):
             raise ServerReportedError(f"the server listed no tools: {error or observation}")
         tools = listed_tools(observation)
-        c = self.config
-        self._tools = ToolTurns(tools, max_calls=c.max_calls_per_turn,
-                                max_result_chars=c.max_result_chars)  # fmt: skip
+        c = self.kwargs
+        self._tools = ToolTurns(
+            tools, max_calls=c.max_calls_per_turn, max_result_chars=c.max_result_chars
+        )
         return tools
 
     async def _send(self, action: dict[str, Any]) -> tuple[Mapping[str, Any], bool]:
         """One action on the session: its reward is recorded, a reported failure raised."""
-        result = await self._client.step(action)
+        result = await self._session().step(action)
         self._status = check_status(result.observation)
         self._rewards.append(None if result.reward is None else float(result.reward))
         return result.observation, bool(result.done)
@@ -282,14 +308,14 @@ class OpenEnvEnv:
             observation, server_done = await self._send({self._field: action})
             reason = "server" if server_done else None
             messages = None
-        cut = reason is None and self._turns >= self.config.max_turns
+        cut = reason is None and self._turns >= self.kwargs.max_turns
         self._done = reason is not None or cut
         info = self._info(observation, cut, "limit" if cut else reason)
         if self._done:  # the session's server-side environment is freed at once
             await self.close()
             return StepResult(messages=[], done=True, info=info)
         if messages is None:
-            messages = observation_messages(observation, self.config.observation_field)
+            messages = observation_messages(observation, self.kwargs.observation_field)
         return StepResult(messages=messages, done=False, info=info)
 
     def _info(

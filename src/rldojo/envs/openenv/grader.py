@@ -24,31 +24,45 @@ class OpenEnvRewardGrader:
     name = "openenv_reward"
     version = "1"
 
-    def __init__(self, mode: Literal["sum", "last"] = "sum", base_url: str = "") -> None:
+    def __init__(self, mode: Literal["sum", "last"], base_url: str = "") -> None:
+        """`mode`: openenv-v1's `reward` kwarg; `base_url`: the server, for provenance."""
         self.mode, self.base_url = mode, base_url
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         info = rollout.info
-        provenance = {"grader": self.name, "version": self.version, "mode": self.mode,
-                      "base_url": self.base_url}  # fmt: skip
+        provenance = {
+            "grader": self.name,
+            "version": self.version,
+            "mode": self.mode,
+            "base_url": self.base_url,
+        }
         status = str(info.get("openenv/status") or "ok")
         if status.startswith("grade_"):
             why = info.get("openenv/error") or "no reason given"
-            return Score.failed("error", f"the server's grader failed ({status}): {why}",
-                                provenance=provenance)  # fmt: skip
+            return Score.failed(
+                "error", f"the server's grader failed ({status}): {why}", provenance=provenance
+            )
         rewards = [float(r) for r in info.get("openenv/rewards") or () if r is not None]
         if not rewards:
             return Score.failed(
-                "invalid", "the OpenEnv server gave no reward in this episode",
+                "invalid",
+                "the OpenEnv server gave no reward in this episode",
                 provenance=provenance,
-            )  # fmt: skip
-        components = {"reward_sum": sum(rewards), "reward_last": rewards[-1],
-                      "rewarded_steps": float(len(rewards))}  # fmt: skip
+            )
+        components = {
+            "reward_sum": sum(rewards),
+            "reward_last": rewards[-1],
+            "rewarded_steps": float(len(rewards)),
+        }
         server_score = info.get("openenv/score")
         if isinstance(server_score, dict):
             for key, value in (server_score.get("components") or {}).items():
                 if isinstance(value, int | float):
                     components[f"server/{key}"] = float(value)
         value = sum(rewards) if self.mode == "sum" else rewards[-1]
-        return Score(value=value, components=components, provenance=provenance,
-                     explanation=f"{self.mode} of {len(rewards)} server reward(s)")  # fmt: skip
+        return Score(
+            value=value,
+            components=components,
+            provenance=provenance,
+            explanation=f"{self.mode} of {len(rewards)} server reward(s)",
+        )

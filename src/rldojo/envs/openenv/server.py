@@ -52,9 +52,14 @@ class LocalServer:
         self._ready = threading.Event()
         command = [sys.executable, "-m", "uvicorn", APP, "--host", "127.0.0.1", "--port", "0"]
         self.process = subprocess.Popen(
-            command, cwd=path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+            command,
+            cwd=path,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         drain = threading.Thread(target=self._drain, daemon=True, name=f"openenv-{path.name}")
         drain.start()
         try:
@@ -81,8 +86,11 @@ class LocalServer:
 
         deadline = time.monotonic() + timeout_s
         if not self._ready.wait(timeout_s) or not self.url:
-            self._fail(f"no 'Uvicorn running' within {timeout_s:g}s" if self.alive() else
-                       f"the server exited (code {self.process.poll()})")  # fmt: skip
+            self._fail(
+                f"no 'Uvicorn running' within {timeout_s:g}s"
+                if self.alive()
+                else f"the server exited (code {self.process.poll()})"
+            )
         delay = 0.02
         with httpx.Client(timeout=max(deadline - time.monotonic(), 0.1), trust_env=False) as http:
             while True:

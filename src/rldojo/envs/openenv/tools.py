@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from rldojo.envs.tool_calls import ERROR_KINDS, PROTOCOL_ERRORS, ToolCall, parse_turn
 from rldojo.envs.tools import Tool, ToolResult
@@ -51,7 +51,7 @@ Send = Callable[[dict[str, Any]], Awaitable[tuple[Mapping[str, Any], bool]]]
 """Sends one action on the episode's session: (the observation, the server's done)."""
 
 
-def _served(**_: Any) -> Any:
+def _served(**_: object) -> NoReturn:
     raise RuntimeError("an MCP tool runs on the OpenEnv server, not in this process")
 
 
@@ -73,7 +73,7 @@ def call_payload(call: ToolCall) -> dict[str, Any]:
     return {"type": "call_tool", "tool_name": call.name, "arguments": dict(call.arguments)}
 
 
-def _content(result: Any) -> Any:
+def _content(result: object) -> object:
     """What a tool returned: the text of a FastMCP `CallToolResult` (its ``content``
     items), else its ``data``, else the value as sent."""
     if not isinstance(result, Mapping):
@@ -128,8 +128,12 @@ class ToolTurns:
             done = False
             if self.names and call.name not in self.names:
                 known = ", ".join(sorted(self.names))
-                result = ToolResult(call.name, False, f"unknown tool {call.name!r}; available: "
-                                    f"{known}", "unknown_tool")  # fmt: skip
+                result = ToolResult(
+                    call.name,
+                    False,
+                    f"unknown tool {call.name!r}; available: {known}",
+                    "unknown_tool",
+                )
             else:
                 observation, done = await send(call_payload(call))
                 result = tool_result(call.name, observation)

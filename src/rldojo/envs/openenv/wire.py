@@ -103,7 +103,7 @@ def is_tool_action(schema: Mapping[str, Any]) -> bool:
     ).get("type") == "object"
 
 
-def _is_chat(value: Any) -> bool:
+def _is_chat(value: object) -> bool:
     return isinstance(value, list) and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value
     )
@@ -117,8 +117,10 @@ def observation_messages(observation: Mapping[str, Any], field: str | None = Non
         ]
     if field is not None:
         if field not in observation:
-            raise ValueError(f"the observation has no field {field!r} (it has: "
-                             f"{', '.join(observation) or 'none'})")  # fmt: skip
+            raise ValueError(
+                f"the observation has no field {field!r} (it has: "
+                f"{', '.join(observation) or 'none'})"
+            )
         value = observation[field]
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
         return [{"role": "user", "content": text}]

@@ -27,12 +27,13 @@ import dataclasses
 import difflib
 import random
 from collections.abc import Iterable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rldojo.envs.base import SingleTurnEnv
-from rldojo.envs.kwargs import EnvKwargs
+from rldojo.envs.kwargs import EnvKwargs, given_kwargs
 from rldojo.envs.reasoning_gym.grader import (
     OptionalDependencyError,
     ReasoningGymGrader,
@@ -58,7 +59,7 @@ DEFAULT_N = {"train": 1000, "test": 200}
 INSTRUCTION = "Think it through, then give only the final answer in <answer>...</answer>."
 
 
-def _registry(rg: Any) -> dict[str, Any] | None:
+def _registry(rg: ModuleType) -> dict[str, Any] | None:
     """reasoning-gym's ``factory.DATASETS`` (name -> (dataset class, config class)), or
     None for a reasoning-gym without it."""
     registry = getattr(getattr(rg, "factory", None), "DATASETS", None)
@@ -71,7 +72,7 @@ def dataset_names() -> list[str]:
     return sorted(_registry(reasoning_gym()) or {})
 
 
-def _check_dataset(rg: Any, dataset: str, config: Mapping[str, Any], key: str) -> None:
+def _check_dataset(rg: ModuleType, dataset: str, config: Mapping[str, object], key: str) -> None:
     """An unknown dataset or config key is an `EnvKwargsError` naming the key (`key`: the
     kwarg that named the dataset), with the closest name. reasoning-gym itself says only
     "Dataset 'chain_sumx' not registered", when the first tasks are drawn. A reasoning-gym
@@ -80,8 +81,10 @@ def _check_dataset(rg: Any, dataset: str, config: Mapping[str, Any], key: str) -
     if registry is None:
         return
     if dataset not in registry:
-        raise EnvKwargsError(f"env.kwargs.{key}: reasoning-gym has no dataset {dataset!r}"
-                             f"{_did_you_mean(dataset, registry)}")  # fmt: skip
+        raise EnvKwargsError(
+            f"env.kwargs.{key}: reasoning-gym has no dataset {dataset!r}"
+            f"{_did_you_mean(dataset, registry)}"
+        )
     config_cls = registry[dataset][1]
     if not dataclasses.is_dataclass(config_cls):
         return
@@ -101,7 +104,7 @@ def _did_you_mean(name: str, names: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _check_weights(datasets: Mapping[str, Any]) -> dict[str, float]:
+def _check_weights(datasets: Mapping[str, object]) -> dict[str, float]:
     """`datasets` as name -> weight; a weight that is not a number > 0 is one line."""
     if not datasets:
         raise EnvKwargsError("env.kwargs.datasets: name at least one dataset")
@@ -122,77 +125,65 @@ def draw_counts(weights: Mapping[str, float], size: int, seed: int) -> list[str]
 
 
 class ReasoningGymKwargs(EnvKwargs):
-    """The keyword arguments of `ReasoningGymEnv` (dataset names and config keys are
-    checked against reasoning-gym's registry when the environment is built)."""
+    """The kwargs of reasoning-gym-v1 (dataset names and config keys are checked against
+    reasoning-gym's registry when the environment is built)."""
 
     dataset: str | None = None
     """One reasoning-gym dataset (``leg_counting``, ``chain_sum``, ...; `rldojo envs
     --reasoning-gym` lists them); ``leg_counting`` when neither this nor `datasets`."""
     datasets: dict[str, float] | None = None
     """A weighted mix instead, name -> weight: ``{leg_counting = 1, basic_arithmetic = 2}``."""
-    config: dict[str, Any] | None = None
+    config: dict[str, object] | None = None
     """Keyword arguments of `dataset`'s config (not ``seed``/``size``: set per split)."""
-    configs: dict[str, dict[str, Any]] | None = None
+    configs: dict[str, dict[str, object]] | None = None
     """Per dataset of the mix, keyword arguments of its config."""
     system_prompt: str | None = None
     """The system message; None for none."""
     format_penalty: float = Field(0.0, ge=0)
     """Reward lost when no final answer is found (0: the value is the dataset's score)."""
 
+    @model_validator(mode="after")
+    def _one_way(self) -> ReasoningGymKwargs:
+        if self.datasets is not None and (self.dataset is not None or self.config):
+            raise ValueError(
+                "give either dataset (with config) or datasets (with configs), not both"
+            )
+        return self
+
 
 class ReasoningGymEnv(SingleTurnEnv):
     """One reasoning-gym dataset, or a weighted mix of several, as a single-turn
-    environment (see the module docstring).
-
-    Args:
-        dataset: one reasoning-gym dataset name (``leg_counting``, ``chain_sum``, ...);
-            ``leg_counting`` when neither this nor `datasets` is given.
-        datasets: a weighted mix instead, name -> weight (``{leg_counting = 1,
-            basic_arithmetic = 2}``); excludes `dataset` and `config`.
-        config: keyword arguments of `dataset`'s config.
-        configs: per dataset of the mix, keyword arguments of its config.
-        system_prompt: the system message; None for none.
-        format_penalty: reward lost when no final answer is found.
-    """
+    environment (see the module docstring); built from `ReasoningGymKwargs` (or keywords
+    validated against it)."""
 
     Kwargs = ReasoningGymKwargs
     env_id = ENV_ID
     expected_answer = "<answer>…</answer>"
-    """What the grader extracts an answer from (`rldojo.training.signal` names it)."""
+    """What the grader extracts an answer from (`rldojo.training.no_signal` names it)."""
 
-    def __init__(
-        self,
-        dataset: str | None = None,
-        *,
-        datasets: dict[str, float] | None = None,
-        config: dict[str, Any] | None = None,
-        configs: dict[str, dict[str, Any]] | None = None,
-        system_prompt: str | None = None,
-        format_penalty: float = 0.0,
-    ) -> None:
+    def __init__(self, kwargs: ReasoningGymKwargs | None = None, /, **keywords: object) -> None:
         super().__init__()
+        k = self.kwargs = given_kwargs(ENV_ID, ReasoningGymKwargs, kwargs, keywords)
         self.rg = reasoning_gym()
-        if datasets is not None and (dataset is not None or config):
-            raise EnvKwargsError("env.kwargs.datasets: give either dataset (with config) or "
-                                 "datasets (with configs), not both")  # fmt: skip
-        if datasets is None:
-            self.dataset = dataset or "leg_counting"
+        if k.datasets is None:
+            self.dataset = k.dataset or "leg_counting"
             self.weights = {self.dataset: 1.0}
-            self.configs = {self.dataset: dict(config or {})}
+            self.configs = {self.dataset: dict(k.config or {})}
             _check_dataset(self.rg, self.dataset, self.configs[self.dataset], "dataset")
         else:
-            self.weights = _check_weights(datasets)
+            self.weights = _check_weights(k.datasets)
             self.dataset = ",".join(self.weights)
-            self.configs = {name: dict((configs or {}).get(name) or {}) for name in self.weights}
-            for name in configs or {}:
+            self.configs = {name: dict((k.configs or {}).get(name) or {}) for name in self.weights}
+            for name in k.configs or {}:
                 if name not in self.weights:
-                    raise EnvKwargsError(f"env.kwargs.configs.{name}: {name!r} is not one of "
-                                         f"the datasets ({', '.join(self.weights)})")  # fmt: skip
+                    raise EnvKwargsError(
+                        f"env.kwargs.configs.{name}: {name!r} is not one of "
+                        f"the datasets ({', '.join(self.weights)})"
+                    )
             for name in self.weights:
                 _check_dataset(self.rg, name, self.configs[name], f"datasets.{name}")
         self.config = self.configs[next(iter(self.weights))]
-        self.system_prompt = system_prompt
-        self.format_penalty = format_penalty
+        self.system_prompt = k.system_prompt
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
         if split not in DEFAULT_N:
@@ -232,7 +223,7 @@ class ReasoningGymEnv(SingleTurnEnv):
         return None if task.answer is None else f"<answer>{task.answer}</answer>"
 
     def default_grader(self) -> ReasoningGymGrader:
-        return ReasoningGymGrader(format_penalty=self.format_penalty)
+        return ReasoningGymGrader(format_penalty=self.kwargs.format_penalty)
 
 
 register(ENV_ID, ReasoningGymEnv)

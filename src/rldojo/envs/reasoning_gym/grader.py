@@ -21,6 +21,7 @@ import asyncio
 import functools
 import importlib
 import re
+from types import ModuleType
 from typing import Any
 
 from rldojo.graders.rules import NO_ANSWER_FLAG, extract_answer, last_boxed
@@ -38,7 +39,7 @@ class OptionalDependencyError(ImportError):
     """An optional extra needed by this environment is not installed."""
 
 
-def reasoning_gym() -> Any:
+def reasoning_gym() -> ModuleType:
     """The reasoning_gym module, or `OptionalDependencyError` saying how to install it."""
     try:
         return importlib.import_module("reasoning_gym")

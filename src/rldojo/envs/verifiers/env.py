@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from rldojo.envs.base import EpisodeDone
-from rldojo.envs.kwargs import EnvKwargs
+from rldojo.envs.kwargs import EnvKwargs, given_kwargs
 from rldojo.envs.registry import register
 from rldojo.envs.verifiers.episode import VfEpisode
 from rldojo.envs.verifiers.grader import VerifiersRubricGrader, reward_functions
@@ -67,23 +67,23 @@ class VerifiersKwargs(EnvKwargs):
 
 class VerifiersEnv:
     """A verifiers environment module's episodes as an rldojo `Env` (module docstring);
-    its arguments: `VerifiersKwargs`."""
+    built from `VerifiersKwargs` (or keywords validated against it)."""
 
     Kwargs = VerifiersKwargs
     env_id = ENV_ID
 
-    def __init__(self, module: str, **kwargs: Any) -> None:
-        self.config = VerifiersKwargs(module=module, **kwargs)
-        self.vf_env = load_vf_env(module, self.config.env_args)
+    def __init__(self, kwargs: VerifiersKwargs | None = None, /, **keywords: object) -> None:
+        self.kwargs = given_kwargs(ENV_ID, VerifiersKwargs, kwargs, keywords)
+        self.vf_env = load_vf_env(self.kwargs.module, self.kwargs.env_args)
         reward_functions(self.vf_env.rubric)  # a group reward function: refused now
         self._episode: VfEpisode | None = None
 
     def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Sequence[Task]:
         """The dataset's rows (`train`) or the eval dataset's (`test`), shuffled by `seed`."""
-        return dataset_tasks(self.vf_env, self.config.module, split, seed=seed, n=n)
+        return dataset_tasks(self.vf_env, self.kwargs.module, split, seed=seed, n=n)
 
     def default_grader(self) -> VerifiersRubricGrader:
-        c = self.config
+        c = self.kwargs
         return VerifiersRubricGrader(c.module, c.env_args, timeout_s=c.reward_timeout_s)
 
     async def reset(self, task: Task, *, seed: int) -> Observation:
@@ -94,7 +94,7 @@ class VerifiersEnv:
         info: dict[str, Any] = {"seed": seed}
         if state.get("tool_defs"):
             info["tools"] = tool_schemas(state["tool_defs"])
-            if self.config.tool_prompt == "system":
+            if self.kwargs.tool_prompt == "system":
                 messages = _with_tools(messages, tools_section(state["tool_defs"]))
         return Observation(messages=messages, info=info)
 

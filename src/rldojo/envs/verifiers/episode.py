@@ -48,8 +48,13 @@ def _no_model_client_class() -> type:
     async def refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"{ENV_ID}: rldojo samples the policy; verifiers may not call it")
 
-    methods = ("to_native_tool", "to_native_prompt", "get_native_response",
-               "raise_from_native_response", "from_native_response")  # fmt: skip
+    methods = (
+        "to_native_tool",
+        "to_native_prompt",
+        "get_native_response",
+        "raise_from_native_response",
+        "from_native_response",
+    )
     body: dict[str, Any] = {name: refuse for name in methods}
     body["setup_client"] = lambda self, config: None
     body["close"] = lambda self: _done()
@@ -118,10 +123,16 @@ class VfEpisode:
         assistant, errors = assistant_message(vf, text, turn, tools=self.tools)
         self.protocol_errors += errors
         step = vf.TrajectoryStep(
-            prompt=self.prompt, completion=[assistant], response=None, tokens=None,
-            reward=None, advantage=None, is_truncated=False,
-            trajectory_id=state["trajectory_id"], extras={},
-        )  # fmt: skip
+            prompt=self.prompt,
+            completion=[assistant],
+            response=None,
+            tokens=None,
+            reward=None,
+            advantage=None,
+            is_truncated=False,
+            trajectory_id=state["trajectory_id"],
+            extras={},
+        )
         await self.vf_env.add_trajectory_step(state, step)
         if await self.vf_env.is_completed(state):
             return await self._finish()
@@ -161,8 +172,10 @@ class VfEpisode:
         }
 
 
-def _dump(message: Any) -> Any:
-    return message.model_dump() if hasattr(message, "model_dump") else dict(message)
+def _dump(message: object) -> object:
+    """A message as data: a pydantic message's fields, a dict as it is."""
+    dump = getattr(message, "model_dump", None)
+    return dump() if callable(dump) else message
 
 
 async def finished_state(vf_env: Any, task: Task, rollout: Rollout) -> Any:
@@ -175,11 +188,19 @@ async def finished_state(vf_env: Any, task: Task, rollout: Rollout) -> Any:
     completion = to_vf(vf, [*turns, *final], tools=tools)
     for i, message in enumerate(completion):
         if message.role == "assistant":
-            state["trajectory"].append(vf.TrajectoryStep(
-                prompt=[*state["prompt"], *completion[:i]], completion=[message],
-                response=None, tokens=None, reward=None, advantage=None,
-                is_truncated=False, trajectory_id=state["trajectory_id"], extras={},
-            ))  # fmt: skip
+            state["trajectory"].append(
+                vf.TrajectoryStep(
+                    prompt=[*state["prompt"], *completion[:i]],
+                    completion=[message],
+                    response=None,
+                    tokens=None,
+                    reward=None,
+                    advantage=None,
+                    is_truncated=False,
+                    trajectory_id=state["trajectory_id"],
+                    extras={},
+                )
+            )
     state["completion"] = completion
     state.update(rollout.info.get("verifiers/state") or {})
     state["is_completed"] = True

@@ -37,7 +37,7 @@ _GROUP_ARGS = frozenset({"states", "prompts", "completions", "answers", "tasks",
 """The parameters by which verifiers tells a group reward function (`Rubric._is_group_func`)."""
 
 
-def _name(func: Any) -> str:
+def _name(func: object) -> str:
     return str(getattr(func, "__name__", repr(func)))
 
 
@@ -102,8 +102,9 @@ class VerifiersRubricGrader:
     version = "1"
 
     def __init__(
-        self, module: str, env_args: Mapping[str, Any] | None = None, *, timeout_s: float = 30.0
+        self, module: str, env_args: Mapping[str, Any] | None = None, *, timeout_s: float
     ) -> None:
+        """`timeout_s`: verifiers-v1's `reward_timeout_s` (`VerifiersKwargs`)."""
         self.module, self.env_args, self.timeout_s = module, dict(env_args or {}), timeout_s
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
@@ -130,5 +131,9 @@ class VerifiersRubricGrader:
             weights[name] = weight
             total += weight * value
         prov["weights"] = weights
-        return Score(total, components=components, provenance=prov,
-                     explanation=f"weighted sum of {len(weights)} reward function(s)")  # fmt: skip
+        return Score(
+            total,
+            components=components,
+            provenance=prov,
+            explanation=f"weighted sum of {len(weights)} reward function(s)",
+        )

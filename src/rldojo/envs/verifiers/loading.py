@@ -177,9 +177,9 @@ def load_vf_env(module: str, env_args: Mapping[str, Any] | None = None) -> Any:
     return env
 
 
-def _json_safe(value: Any) -> Any:
-    """A dataset row's value as plain JSON data (tasks go to the ledger and to workers)."""
-    return json.loads(json.dumps(value, default=str))
+def _json_safe(row: Mapping[str, object]) -> dict[str, Any]:
+    """A dataset row as plain JSON data (tasks go to the ledger and to workers)."""
+    return dict(json.loads(json.dumps(dict(row), default=str)))
 
 
 def dataset_tasks(vf_env: Any, module: str, split: str, *, seed: int, n: int | None) -> list[Task]:
@@ -195,7 +195,7 @@ def dataset_tasks(vf_env: Any, module: str, split: str, *, seed: int, n: int | N
     else:
         dataset = vf_env.get_eval_dataset(n=n or -1, seed=seed)
     name = _module_name(Path(module).stem if module.endswith(".py") else module)
-    return [_task(name, module, split, _json_safe(dict(row))) for row in dataset]
+    return [_task(name, module, split, _json_safe(row)) for row in dataset]
 
 
 def _task(name: str, module: str, split: str, row: dict[str, Any]) -> Task:

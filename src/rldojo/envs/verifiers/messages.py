@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from rldojo.envs.tool_calls import parse_turn
@@ -34,17 +35,19 @@ __all__ = [
 ENV_ID = "verifiers-v1"
 
 
-def _field(message: Any, key: str) -> Any:
+def _field(message: object, key: str) -> object:
     """A message field, from a dict (dataset rows) or a pydantic message."""
     return message.get(key) if isinstance(message, Mapping) else getattr(message, key, None)
 
 
-def text_of(content: Any) -> str:
+def text_of(content: object) -> str:
     """A message's content as text: a string, or the text of its ``text`` parts."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    if not isinstance(content, Iterable):
+        raise ValueError(f"{ENV_ID}: a message's content is text or parts, got {content!r}")
     texts = []
     for part in content:
         kind = _field(part, "type")
@@ -56,15 +59,16 @@ def text_of(content: Any) -> str:
 
 def to_rldojo(messages: Iterable[Any]) -> list[Message]:
     """verifiers' messages (or dataset rows' dicts) as rldojo's ``{role, content}``."""
-    return [{"role": str(_field(m, "role")), "content": text_of(_field(m, "content"))}
-            for m in messages]  # fmt: skip
+    return [
+        {"role": str(_field(m, "role")), "content": text_of(_field(m, "content"))} for m in messages
+    ]
 
 
 prompt_messages = to_rldojo
 """A dataset row's prompt as the task's prompt."""
 
 
-def assistant_message(vf: Any, text: str, turn: int, *, tools: bool) -> tuple[Any, int]:
+def assistant_message(vf: ModuleType, text: str, turn: int, *, tools: bool) -> tuple[Any, int]:
     """`(AssistantMessage, protocol errors)` for one policy turn: the text unchanged and,
     with `tools`, its tool calls (malformed ones are counted, not passed on)."""
     if not tools:
@@ -77,7 +81,7 @@ def assistant_message(vf: Any, text: str, turn: int, *, tools: bool) -> tuple[An
     return vf.AssistantMessage(content=text, tool_calls=calls or None), len(parsed.errors)
 
 
-def to_vf(vf: Any, messages: Sequence[Message], *, tools: bool) -> list[Any]:
+def to_vf(vf: ModuleType, messages: Sequence[Message], *, tools: bool) -> list[Any]:
     """rldojo's messages after the prompt as verifiers' messages: assistant turns with
     their tool calls, tool messages paired in order with the calls before them."""
     out: list[Any] = []
@@ -104,10 +108,16 @@ def tool_schemas(tool_defs: Iterable[Any]) -> list[dict[str, Any]]:
     """verifiers' tool definitions as OpenAI function schemas (`Observation.info["tools"]`,
     for chat templates that render tools)."""
     return [
-        {"type": "function", "function": {"name": t.name, "description": t.description,
-                                          "parameters": dict(t.parameters)}}
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description,
+                "parameters": dict(t.parameters),
+            },
+        }
         for t in tool_defs
-    ]  # fmt: skip
+    ]
 
 
 def tools_section(tool_defs: Iterable[Any]) -> str:

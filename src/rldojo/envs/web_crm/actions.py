@@ -128,9 +128,12 @@ def new_deal(
         acc = record(ep.conn, "accounts", acc_id, "Account")
         try:
             deal = CrmApi(ep.conn).create_deal(
-                acc["id"], name, parse_amount(amount), pick(stage, OPEN_STAGES, "stage"),  # type: ignore[arg-type]
+                acc["id"],
+                name,
+                parse_amount(amount),
+                pick(stage, OPEN_STAGES, "stage"),  # type: ignore[arg-type]
                 optional(close_date),
-            )  # fmt: skip
+            )
         except (FormError, ToolError) as exc:
             return _new_deal_form(ep, acc, values, str(exc))
         return ep.redirect(f"/deals/{deal['id']}", f"Deal {deal['id']} created.")
@@ -178,9 +181,12 @@ def new_ticket(
         acc = record(ep.conn, "accounts", acc_id, "Account")
         try:
             ticket = CrmApi(ep.conn).create_ticket(
-                acc["id"], subject, description, pick(priority, PRIORITIES, "priority"),  # type: ignore[arg-type]
+                acc["id"],
+                subject,
+                description,
+                pick(priority, PRIORITIES, "priority"),  # type: ignore[arg-type]
                 optional(contact_id),
-            )  # fmt: skip
+            )
         except (FormError, ToolError) as exc:
             return _ticket_form(ep, acc, values, str(exc))
         return ep.redirect(f"/tickets/{ticket['id']}", f"Ticket {ticket['id']} created.")

@@ -164,8 +164,11 @@ def _list_page(ep: Episode, kind: str, q: str, page: str) -> HTMLResponse:
     with ep.lock:
         total = ep.conn.execute(f"SELECT COUNT(*) FROM ({sql})", params).fetchone()[0]
         number, pages = paginate(total, page)
-        found = rows(ep.conn, f"{sql} ORDER BY id LIMIT ? OFFSET ?",
-                     (*params, PAGE_SIZE, (number - 1) * PAGE_SIZE))  # fmt: skip
+        found = rows(
+            ep.conn,
+            f"{sql} ORDER BY id LIMIT ? OFFSET ?",
+            (*params, PAGE_SIZE, (number - 1) * PAGE_SIZE),
+        )
     matched = f"{total} {kind}" + (f' match "{esc(q)}"' if q.strip() else "")
     body = (
         search_form(f"/{kind}", q)
@@ -211,19 +214,63 @@ def _account_tables(conn: sqlite3.Connection, acc_id: str) -> str:
     acts = rows(conn, f"SELECT * FROM activities {by}", (acc_id,))
     yes = {1: "yes", 0: ""}
     return (
-        table("Contacts", ("ID", "Name", "Title", "Email", "Primary"),
-              [[c["id"], link(f"/contacts/{c['id']}", _name(c)), esc(c["title"]),
-                esc(c["email"]), yes[c["is_primary"]]] for c in cons])
-        + table("Deals", ("ID", "Name", "Stage", "Amount", "Close date"),
-                [[d["id"], link(f"/deals/{d['id']}", d["name"]), label(d["stage"]),
-                  money(d["amount"]), esc(d["close_date"])] for d in dls])
-        + table("Tickets", ("ID", "Subject", "Priority", "Status"),
-                [[t["id"], link(f"/tickets/{t['id']}", t["subject"]), esc(t["priority"]),
-                  esc(t["status"])] for t in tks])
-        + table("Activities", ("ID", "Type", "Subject", "Contact", "Deal", "Date"),
-                [[a["id"], esc(a["type"]), esc(a["subject"]), esc(a["contact_id"]),
-                  esc(a["deal_id"]), esc(a["created_at"][:10])] for a in acts])
-    )  # fmt: skip
+        table(
+            "Contacts",
+            ("ID", "Name", "Title", "Email", "Primary"),
+            [
+                [
+                    c["id"],
+                    link(f"/contacts/{c['id']}", _name(c)),
+                    esc(c["title"]),
+                    esc(c["email"]),
+                    yes[c["is_primary"]],
+                ]
+                for c in cons
+            ],
+        )
+        + table(
+            "Deals",
+            ("ID", "Name", "Stage", "Amount", "Close date"),
+            [
+                [
+                    d["id"],
+                    link(f"/deals/{d['id']}", d["name"]),
+                    label(d["stage"]),
+                    money(d["amount"]),
+                    esc(d["close_date"]),
+                ]
+                for d in dls
+            ],
+        )
+        + table(
+            "Tickets",
+            ("ID", "Subject", "Priority", "Status"),
+            [
+                [
+                    t["id"],
+                    link(f"/tickets/{t['id']}", t["subject"]),
+                    esc(t["priority"]),
+                    esc(t["status"]),
+                ]
+                for t in tks
+            ],
+        )
+        + table(
+            "Activities",
+            ("ID", "Type", "Subject", "Contact", "Deal", "Date"),
+            [
+                [
+                    a["id"],
+                    esc(a["type"]),
+                    esc(a["subject"]),
+                    esc(a["contact_id"]),
+                    esc(a["deal_id"]),
+                    esc(a["created_at"][:10]),
+                ]
+                for a in acts
+            ],
+        )
+    )
 
 
 @router.get("/accounts/{acc_id}")
@@ -231,10 +278,16 @@ def account_page(acc_id: str, ep: Episode = Depends(current_episode)) -> HTMLRes
     with ep.lock:
         acc = record(ep.conn, "accounts", acc_id, "Account")
         related = _account_tables(ep.conn, acc_id)
-    info = fields([("ID", acc["id"]), ("Industry", esc(acc["industry"])),
-                   ("Tier", esc(acc["tier"])), ("Region", esc(acc["region"])),
-                   ("Owner", esc(acc["owner"])),
-                   ("Annual revenue", money(acc["annual_revenue"]))])  # fmt: skip
+    info = fields(
+        [
+            ("ID", acc["id"]),
+            ("Industry", esc(acc["industry"])),
+            ("Tier", esc(acc["tier"])),
+            ("Region", esc(acc["region"])),
+            ("Owner", esc(acc["owner"])),
+            ("Annual revenue", money(acc["annual_revenue"])),
+        ]
+    )
     actions = _actions(
         (f"/accounts/{acc_id}/deals/new", "New deal"),
         (f"/accounts/{acc_id}/tickets/new", "New ticket"),
@@ -249,10 +302,17 @@ def contact_page(con_id: str, ep: Episode = Depends(current_episode)) -> HTMLRes
         c = record(ep.conn, "contacts", con_id, "Contact")
         acc = record(ep.conn, "accounts", c["account_id"], "Account")
     yes = {1: "yes", 0: "no"}
-    info = fields([("ID", c["id"]), ("Account", link(f"/accounts/{acc['id']}", acc["name"])),
-                   ("Title", esc(c["title"])), ("Email", esc(c["email"])),
-                   ("Phone", esc(c["phone"])), ("Primary contact", yes[c["is_primary"]]),
-                   ("Opted out of email", yes[c["do_not_email"]])])  # fmt: skip
+    info = fields(
+        [
+            ("ID", c["id"]),
+            ("Account", link(f"/accounts/{acc['id']}", acc["name"])),
+            ("Title", esc(c["title"])),
+            ("Email", esc(c["email"])),
+            ("Phone", esc(c["phone"])),
+            ("Primary contact", yes[c["is_primary"]]),
+            ("Opted out of email", yes[c["do_not_email"]]),
+        ]
+    )
     actions = _actions(
         (f"/contacts/{con_id}/email", "Send email"),
         (f"/accounts/{acc['id']}/activities/new?contact_id={con_id}", "Log activity"),
@@ -266,17 +326,26 @@ def deal_page(deal_id: str, ep: Episode = Depends(current_episode)) -> HTMLRespo
         d = record(ep.conn, "deals", deal_id, "Deal")
         acc = record(ep.conn, "accounts", d["account_id"], "Account")
         acts = rows(ep.conn, "SELECT * FROM activities WHERE deal_id = ? ORDER BY id", (deal_id,))
-    info = fields([("ID", d["id"]), ("Account", link(f"/accounts/{acc['id']}", acc["name"])),
-                   ("Stage", label(d["stage"])), ("Amount", money(d["amount"])),
-                   ("Probability", f"{d['probability']}%"),
-                   ("Close date", esc(d["close_date"])), ("Owner", esc(d["owner"]))])  # fmt: skip
+    info = fields(
+        [
+            ("ID", d["id"]),
+            ("Account", link(f"/accounts/{acc['id']}", acc["name"])),
+            ("Stage", label(d["stage"])),
+            ("Amount", money(d["amount"])),
+            ("Probability", f"{d['probability']}%"),
+            ("Close date", esc(d["close_date"])),
+            ("Owner", esc(d["owner"])),
+        ]
+    )
     actions = _actions(
         (f"/deals/{deal_id}/edit", "Edit deal"),
         (f"/accounts/{acc['id']}/activities/new?deal_id={deal_id}", "Log activity"),
     )
-    logged = table("Activities", ("ID", "Type", "Subject", "Date"),
-                   [[a["id"], esc(a["type"]), esc(a["subject"]), esc(a["created_at"][:10])]
-                    for a in acts])  # fmt: skip
+    logged = table(
+        "Activities",
+        ("ID", "Type", "Subject", "Date"),
+        [[a["id"], esc(a["type"]), esc(a["subject"]), esc(a["created_at"][:10])] for a in acts],
+    )
     return ep.page(f"Deal {d['id']}: {d['name']}", info + actions + logged)
 
 
@@ -287,11 +356,18 @@ def ticket_page(tck_id: str, ep: Episode = Depends(current_episode)) -> HTMLResp
         acc = record(ep.conn, "accounts", t["account_id"], "Account")
         who = rows(ep.conn, "SELECT * FROM contacts WHERE id = ?", (t["contact_id"],))
     contact = link(f"/contacts/{who[0]['id']}", f"{_name(who[0])} ({who[0]['id']})") if who else ""
-    info = fields([("ID", t["id"]), ("Account", link(f"/accounts/{acc['id']}", acc["name"])),
-                   ("Contact", contact), ("Priority", esc(t["priority"])),
-                   ("Status", esc(t["status"])), ("Description", esc(t["description"])),
-                   ("Resolution", esc(t["resolution"])),
-                   ("Closed at", esc(t["closed_at"]))])  # fmt: skip
+    info = fields(
+        [
+            ("ID", t["id"]),
+            ("Account", link(f"/accounts/{acc['id']}", acc["name"])),
+            ("Contact", contact),
+            ("Priority", esc(t["priority"])),
+            ("Status", esc(t["status"])),
+            ("Description", esc(t["description"])),
+            ("Resolution", esc(t["resolution"])),
+            ("Closed at", esc(t["closed_at"])),
+        ]
+    )
     close = (
         "" if t["status"] == "closed" else _actions((f"/tickets/{tck_id}/close", "Close ticket"))
     )

@@ -22,7 +22,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from rldojo.envs.web_crm.browser_session import (
     ActionError,
@@ -31,6 +31,10 @@ from rldojo.envs.web_crm.browser_session import (
     BrowserTimeout,
     origin_of,
 )
+
+if TYPE_CHECKING:
+    from playwright._impl._api_structures import SetCookieParam  # not re-exported
+    from playwright.async_api import Browser, BrowserContext, Playwright
 
 __all__ = [
     "ActionError",
@@ -107,8 +111,8 @@ class BrowserPool:
         # then measures its own work, not a queue inside Chromium (48 at once timed
         # out, and the pool killed the browser under the others).
         self._opening = asyncio.Lock()
-        self._playwright: Any = None
-        self._browser: Any = None
+        self._playwright: Playwright | None = None
+        self._browser: Browser | None = None
         self._pid: int | None = None
         self._closed = False
 
@@ -203,18 +207,17 @@ class BrowserPool:
         )
 
     async def _new_context(
-        self, browser: Any, origin: str, cookies: Sequence[dict[str, Any]]
-    ) -> Any:
+        self, browser: Browser, origin: str, cookies: Sequence[dict[str, Any]]
+    ) -> BrowserContext:
         context = await browser.new_context(accept_downloads=False, service_workers="block")
         context.set_default_timeout(self.action_timeout_s * 1000)
-        if cookies:
-            await context.add_cookies(
-                [c if ("url" in c or "domain" in c) else {**c, "url": origin} for c in cookies]
-            )
+        if cookies:  # Playwright's `SetCookieParam`s: a cookie without a place gets `origin`
+            given = [c if ("url" in c or "domain" in c) else {**c, "url": origin} for c in cookies]
+            await context.add_cookies(cast("list[SetCookieParam]", given))
         await context.new_page()
         return context
 
-    async def _live_browser(self) -> Any:
+    async def _live_browser(self) -> Browser:
         if self._browser is not None and self._alive():
             return self._browser
         await self._discard_browser()

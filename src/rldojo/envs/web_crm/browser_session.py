@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 from rldojo.envs.web_crm.page_text import (
@@ -33,6 +33,9 @@ from rldojo.envs.web_crm.page_text import (
     render,
     window_start,
 )
+
+if TYPE_CHECKING:
+    from playwright.async_api import BrowserContext, Download, Frame, Page, Route
 
 __all__ = [
     "ACTIONS",
@@ -87,8 +90,8 @@ class BrowserSession:
     def __init__(
         self,
         *,
-        context: Any,
-        page: Any,
+        context: BrowserContext,
+        page: Page,
         origin: str,
         timeout_s: float,
         max_lines: int,
@@ -308,7 +311,7 @@ class BrowserSession:
         if caused:
             self._caused.append((kind, url))
 
-    async def _on_route(self, route: Any) -> None:
+    async def _on_route(self, route: Route) -> None:
         """Let through only this page's requests to the origin. Chromium follows redirects
         without routing them again, so an allowed request is fetched here, unfollowed, and
         a redirect off the origin or a file to save is refused before the page sees it."""
@@ -340,24 +343,24 @@ class BrowserSession:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _on_popup(self, page: Any) -> None:
+    def _on_popup(self, page: Page) -> None:
         if page is self._page:
             return
         self._refuse("popup", page.url)
         self._background(page.close())
 
-    def _on_download(self, download: Any) -> None:
+    def _on_download(self, download: Download) -> None:
         self._refuse("download", download.url)
         self._background(download.cancel())
 
-    def _on_navigated(self, frame: Any) -> None:
+    def _on_navigated(self, frame: Frame) -> None:
         if frame is self._page.main_frame:
             self._top = 0
             if outside_kind(frame.url, self.origin) is None:
                 self._last_good = frame.url
 
 
-def _checked_args(name: str, args: Any) -> dict[str, Any]:
+def _checked_args(name: str, args: object) -> dict[str, Any]:
     """The action's arguments with types checked (a ref may come as "12" or "[12]")."""
     if not isinstance(args, dict):
         raise ActionError(f"{name} takes an object of arguments, not {type(args).__name__}")

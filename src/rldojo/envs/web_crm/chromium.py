@@ -57,13 +57,17 @@ def find_chromium(
     a named one is not an executable file or none is found. `playwright_path` answers where
     Playwright keeps its browser (default: `playwright_chromium`, asked only when no path
     is named; the browser pool passes its own running Playwright's answer)."""
-    for path, source in ((chromium_path, "env.kwargs.chromium_path"),
-                         (os.environ.get(CHROMIUM_ENV), CHROMIUM_ENV)):  # fmt: skip
+    for path, source in (
+        (chromium_path, "env.kwargs.chromium_path"),
+        (os.environ.get(CHROMIUM_ENV), CHROMIUM_ENV),
+    ):
         if path:
             found = shutil.which(os.path.expanduser(path))
             if found is None:
-                raise EnvUnavailableError(f"{source} = {path!r} is not an executable file; "
-                                          f"to get a Chromium: {HOW_TO_GET_ONE}")  # fmt: skip
+                raise EnvUnavailableError(
+                    f"{source} = {path!r} is not an executable file; "
+                    f"to get a Chromium: {HOW_TO_GET_ONE}"
+                )
             return Chromium(found, source)
     own = (playwright_path or playwright_chromium)()
     if own and shutil.which(own):

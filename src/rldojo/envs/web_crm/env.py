@@ -28,15 +28,15 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rldojo.envs.base import EnvUnavailableError
-from rldojo.envs.crm.data import DB_SIZES, base_snapshot, connect, diff, state_digest
+from rldojo.envs.crm.data import base_snapshot, connect, diff, state_digest
 from rldojo.envs.crm.env import CrmDatabaseKwargs
-from rldojo.envs.crm.grader import CrmGrader, CrmReward
+from rldojo.envs.crm.grader import CrmGrader
 from rldojo.envs.crm.tasks import scenario_tasks
-from rldojo.envs.kwargs import LimitsKwargs
-from rldojo.envs.multiturn import EpisodeLimits, ToolEnv, TurnOutcome
+from rldojo.envs.kwargs import EpisodeLimits, subset_of
+from rldojo.envs.multiturn import ToolEnv, TurnOutcome
 from rldojo.envs.registry import register
 from rldojo.envs.tool_calls import parse_turn
 from rldojo.envs.tools import Tool
@@ -89,7 +89,7 @@ class WebCrmKwargs(CrmDatabaseKwargs):
     levels: Sequence[int] = LEVELS
     """Horizon levels to draw tasks from, a non-empty subset of 1 (a lookup), 2 (an edit
     form), 3 (create forms with a validation error to fix), 4 (several records)."""
-    limits: LimitsKwargs | None = None
+    limits: EpisodeLimits = EpisodeLimits(max_turns=24)
     """Per-episode limits (a table); keys left out keep web-crm-v1's: max_turns = 24 and
     the other defaults."""
     browser_contexts: int = Field(DEFAULT_CONTEXTS, gt=0)
@@ -102,51 +102,30 @@ class WebCrmKwargs(CrmDatabaseKwargs):
     environment variable `RLDOJO_CHROMIUM`, else Playwright's own browser (`playwright
     install chromium`), else `chromium`, `chromium-browser` or `google-chrome` on the PATH."""
 
+    @field_validator("levels")
+    @classmethod
+    def _known_levels(cls, levels: Sequence[int]) -> tuple[int, ...]:
+        return subset_of(levels, LEVELS)
+
 
 class WebCrmEnv(ToolEnv):
-    """web-crm-v1 (see the module docstring); its arguments: `WebCrmKwargs`."""
+    """web-crm-v1 (see the module docstring); built from `WebCrmKwargs` (or keywords
+    validated against it)."""
 
     env_id = ENV_ID
     instructions = INSTRUCTIONS
     Kwargs = WebCrmKwargs
-    default_limits = EpisodeLimits(max_turns=24)
+    kwargs: WebCrmKwargs
     max_episodes_at_once_key = "browser_contexts"
 
-    def __init__(
-        self,
-        levels: Sequence[int] = LEVELS,
-        *,
-        db_size: str = "default",
-        n_databases: int = 4,
-        reward: CrmReward | dict[str, Any] | None = None,
-        limits: EpisodeLimits | dict[str, Any] | None = None,
-        browser_contexts: int = DEFAULT_CONTEXTS,
-        chromium_path: str | None = None,
-        **tool_env_kwargs: Any,
-    ) -> None:
-        levels = tuple(int(x) for x in levels)
-        if not levels or any(x not in LEVELS for x in levels):
-            raise ValueError(f"{ENV_ID}: levels must be a non-empty subset of {LEVELS}")
-        if db_size not in DB_SIZES:
-            raise ValueError(f"{ENV_ID}: db_size must be one of {sorted(DB_SIZES)}")
-        if isinstance(reward, dict):
-            reward = CrmReward(**reward)
-        self.chromium = _check_browser(chromium_path)
-        super().__init__(
-            limits=limits,
-            levels=levels,
-            db_size=db_size,
-            n_databases=n_databases,
-            reward=reward,
-            browser_contexts=browser_contexts,
-            chromium_path=chromium_path,
-            **tool_env_kwargs,
-        )
-        self.levels, self.db_size, self.n_databases = levels, db_size, n_databases
-        self.max_episodes_at_once = browser_contexts
-        self.reward = reward or CrmReward()
+    def __init__(self, kwargs: WebCrmKwargs | None = None, /, **keywords: object) -> None:
+        super().__init__(kwargs, **keywords)
+        self.chromium = _check_browser(self.kwargs.chromium_path)
+        self.levels = tuple(self.kwargs.levels)
+        self.max_episodes_at_once = self.kwargs.browser_contexts
+        self.reward = self.kwargs.reward
         self.conn = connect()
-        self.conn.deserialize(base_snapshot(0, db_size))
+        self.conn.deserialize(base_snapshot(0, self.kwargs.db_size))
         self._server: Session | None = None
         self._browser: BrowserSession | None = None
         self._page = ""  # the latest observation, the opening's page
@@ -162,8 +141,8 @@ class WebCrmEnv(ToolEnv):
             seed=seed,
             n=n,
             levels=self.levels,
-            n_databases=self.n_databases,
-            db_size=self.db_size,
+            n_databases=self.kwargs.n_databases,
+            db_size=self.kwargs.db_size,
             templates=WEB_TEMPLATES,
         )
 
@@ -213,7 +192,7 @@ class WebCrmEnv(ToolEnv):
     async def setup(self, task: Task, seed: int) -> None:
         await self._release()
         db = task.info.get("db") or {}
-        snapshot = base_snapshot(int(db.get("seed", 0)), str(db.get("size", self.db_size)))
+        snapshot = base_snapshot(int(db.get("seed", 0)), str(db.get("size", self.kwargs.db_size)))
         with self._lock():
             self.conn.deserialize(snapshot)
         self._path, self._reload, self._refused = "/", False, {}
@@ -226,7 +205,7 @@ class WebCrmEnv(ToolEnv):
 
     async def turn(self, action: str) -> TurnOutcome:
         ep = self.episode
-        parsed = parse_turn(action, max_calls=self.max_calls_per_turn)
+        parsed = parse_turn(action, max_calls=self.kwargs.max_calls_per_turn)
         messages = [self._error(e.kind, e.message) for e in parsed.errors]
         for e in parsed.errors:
             ep.bump(e.kind)
@@ -305,7 +284,8 @@ class WebCrmEnv(ToolEnv):
         with self._lock():
             return self.conn.serialize(), self._path
 
-    def load_state(self, state: tuple[bytes, str]) -> None:
+    def load_state(self, state: object) -> None:
+        assert isinstance(state, tuple), "a snapshot's world is (database, page path)"
         data, path = state
         with self._lock():
             self.conn.deserialize(data)
@@ -332,8 +312,9 @@ def _check_browser(chromium_path: str | None) -> str:
     from rldojo.envs.web_crm.chromium import find_chromium
 
     if importlib.util.find_spec("playwright") is None:
-        raise EnvUnavailableError(f"{ENV_ID}: Playwright is not installed: pip install "
-                                  "'rldojo[web]'")  # fmt: skip
+        raise EnvUnavailableError(
+            f"{ENV_ID}: Playwright is not installed: pip install 'rldojo[web]'"
+        )
     try:
         return find_chromium(chromium_path).path
     except EnvUnavailableError as exc:

@@ -355,6 +355,6 @@ class WebCrmExpert(ScriptedExpert):
         return replies(messages)
 
 
-def make_expert(**_env_kwargs: Any) -> WebCrmExpert:
+def make_expert(**_env_kwargs: object) -> WebCrmExpert:
     """The web-crm-v1 expert (the same for every configuration of the env)."""
     return WebCrmExpert()

@@ -45,10 +45,11 @@ def _activity_form(
         select("type", "Type", choices(ACTIVITY_TYPES), values["type"]),
         text("subject", "Subject", values["subject"]),
         area("notes", "Notes", values["notes"]),
-        select("contact_id", "Contact", related(ep.conn, "contacts", acc["id"]),
-               values["contact_id"]),
+        select(
+            "contact_id", "Contact", related(ep.conn, "contacts", acc["id"]), values["contact_id"]
+        ),
         select("deal_id", "Deal", related(ep.conn, "deals", acc["id"]), values["deal_id"]),
-    ]  # fmt: skip
+    ]
     action = f"/accounts/{acc['id']}/activities/new"
     body = form(action, parts, "Log activity", error) + cancel(f"/accounts/{acc['id']}")
     title = f"Log activity for {acc['name']} ({acc['id']})"
@@ -82,9 +83,13 @@ def new_activity(
         acc = record(ep.conn, "accounts", acc_id, "Account")
         try:
             row = CrmApi(ep.conn).log_activity(
-                acc["id"], pick(type, ACTIVITY_TYPES, "type"), subject, notes,  # type: ignore[arg-type]
-                optional(contact_id), optional(deal_id),
-            )  # fmt: skip
+                acc["id"],
+                pick(type, ACTIVITY_TYPES, "type"),  # type: ignore[arg-type]
+                subject,
+                notes,
+                optional(contact_id),
+                optional(deal_id),
+            )
         except (FormError, ToolError) as exc:
             return _activity_form(ep, acc, values, str(exc))
         return ep.redirect(f"/accounts/{acc['id']}", f"Activity {row['id']} logged.")
@@ -99,9 +104,10 @@ def _email_form(ep: Episode, c: Row, values: dict[str, str], error: str | None =
         text("subject", "Subject", values["subject"]),
         area("body", "Message", values["body"]),
         select("deal_id", "About deal", related(ep.conn, "deals", acc_id), values["deal_id"]),
-        select("ticket_id", "About ticket", related(ep.conn, "tickets", acc_id),
-               values["ticket_id"]),
-    ]  # fmt: skip
+        select(
+            "ticket_id", "About ticket", related(ep.conn, "tickets", acc_id), values["ticket_id"]
+        ),
+    ]
     to = f"<p>To: {esc(c['first_name'])} {esc(c['last_name'])} &lt;{esc(c['email'])}&gt;"
     to += " (opted out of email)</p>" if c["do_not_email"] else "</p>"
     body = to + form(f"/contacts/{c['id']}/email", parts, "Send email", error)

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import random
 from datetime import date
-from typing import Any
 
-from rldojo.envs.crm.scenarios import TEMPLATES, Scenario, Template
+from rldojo.envs.crm.scenarios import TEMPLATES, Scenario, ScenarioDb, Template
 
 __all__ = ["LEVELS", "WEB_TEMPLATES"]
 
@@ -45,7 +44,7 @@ def _in_words(iso: str) -> str:
     return f"{day:%B} {day.day}, {day.year}"
 
 
-def _deal_and_note_in_words(rng: random.Random, db: Any) -> Scenario | None:
+def _deal_and_note_in_words(rng: random.Random, db: ScenarioDb) -> Scenario | None:
     """crm-v1's deal_and_note with the close date in words: the form refuses it until
     it is typed as YYYY-MM-DD (the validation error the level is about)."""
     scenario = _crm("deal_and_note")(rng, db)
