@@ -52,8 +52,9 @@ def main() -> None:
             sys.exit(EXIT_USAGE)
         if DEBUG["on"]:
             raise
-        _error_line(f"{type(exc).__name__}: {_one_line(str(exc))} (rldojo --debug ... shows "
-                    "the traceback)")  # fmt: skip
+        _error_line(
+            f"{type(exc).__name__}: {_one_line(str(exc))} (rldojo --debug ... shows the traceback)"
+        )
         sys.exit(EXIT_FAILED)
 
 

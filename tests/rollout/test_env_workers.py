@@ -85,6 +85,7 @@ class WordPolicy:
     """Says `w{turn}` each turn; encodes each message as one token."""
 
     version = 0
+    tokenizer = None  # its ids are no tokenizer's
 
     def __init__(self) -> None:
         self.turn = 0

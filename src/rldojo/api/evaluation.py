@@ -54,7 +54,7 @@ def evaluate(
     model_or_run_dir: str | os.PathLike[str] | Policy,
     env: str | Env | Callable[[], Env] | None = None,
     *,
-    tasks: Sequence[Task] | Sequence[Mapping[str, Any]] | None = None,
+    tasks: Tasks | None = None,
     n: int | None = None,
     split: str = "test",
     max_new_tokens: int | None = None,
@@ -85,8 +85,11 @@ def evaluate(
         n = run.tasks  # the run's own held-out tasks
     if run is not None:
         spec = str(run.checkpoint())
-    task_list = list(target.tasks) if target.tasks is not None else list(
-        target.make().tasks(split, seed=seed, n=n))  # fmt: skip
+    task_list = (
+        list(target.tasks)
+        if target.tasks is not None
+        else list(target.make().tasks(split, seed=seed, n=n))
+    )
     task_list = task_list[:n] if n is not None else task_list
     if not task_list:
         raise ValueError(f"evaluate: no tasks ({target.name}, split {split!r})")
@@ -95,9 +98,17 @@ def evaluate(
     threshold = _threshold(pass_threshold, run, target)
 
     def run_it() -> EvalResult:
-        coro = harness_evaluate(target.make, target.grader, policy, task_list, sampling, seed=seed,
-                                grade_timeout_s=grade_timeout_s, pass_threshold=threshold,
-                                episode=episode)  # fmt: skip
+        coro = harness_evaluate(
+            target.make,
+            target.grader,
+            policy,
+            task_list,
+            sampling,
+            seed=seed,
+            grade_timeout_s=grade_timeout_s,
+            pass_threshold=threshold,
+            episode=episode,
+        )
         return asyncio.run(coro)
 
     with quiet_progress_bars():
@@ -142,36 +153,51 @@ class _Target:
 EnvSpec = str | Env | Callable[[], Env] | None
 """What `evaluate` takes as `env`: an id or `module:factory`, an instance, a factory."""
 
+Tasks = Sequence[Task] | Sequence[Mapping[str, Any]]
+"""What `evaluate` takes as `tasks`: `Task`s, or rows as `rldojo.train` takes them."""
 
-def _target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None, tasks: Any,
-            grader: Grader | None, reward: RewardFunction | None,
-            run: RunEvalSettings | None) -> _Target:  # fmt: skip
+
+def _target(
+    env: EnvSpec,
+    env_kwargs: Mapping[str, Any] | None,
+    tasks: Tasks | None,
+    grader: Grader | None,
+    reward: RewardFunction | None,
+    run: RunEvalSettings | None,
+) -> _Target:
     if grader is not None and reward is not None:
         raise ValueError("evaluate: pass grader= or reward=, not both")
     replacing = FunctionGrader(reward) if reward is not None else grader
     given = None if tasks is None else list(tasks)
     if given and all(isinstance(t, Mapping) for t in given):
         if replacing is None or env is not None:
-            raise ValueError("evaluate: tasks given as rows are graded by reward= (a function) "
-                             "or grader=, in no env=")  # fmt: skip
-        rows = rows_to_tasks(given, source="tasks", split="test")
+            raise ValueError(
+                "evaluate: tasks given as rows are graded by reward= (a function) "
+                "or grader=, in no env="
+            )
+        rows = rows_to_tasks(
+            [t for t in given if isinstance(t, Mapping)], source="tasks", split="test"
+        )
         posed = FunctionRewardEnv(_unused, (), rows, env_id="rows-v1")  # graded by `replacing`
         return _Target("rows", lambda: copy.copy(posed), replacing, rows)
     target = _env_target(env, env_kwargs, run)
     if given is not None:
-        target.tasks = given
+        target.tasks = [t for t in given if isinstance(t, Task)]
+        if len(target.tasks) < len(given):
+            raise ValueError("evaluate: tasks are Tasks or rows (mappings), not both")
     if replacing is not None:
         target.grader, target.threshold = replacing, 1.0
     return target
 
 
-def _unused(prompt: Any, completion: str) -> float:
+def _unused(prompt: object, completion: str) -> float:
     """The rows' env's own reward: never called, `grader=` or `reward=` grades them."""
     raise RuntimeError("evaluate: rows are graded by grader= or reward=")
 
 
-def _env_target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None,
-                run: RunEvalSettings | None) -> _Target:  # fmt: skip
+def _env_target(
+    env: EnvSpec, env_kwargs: Mapping[str, Any] | None, run: RunEvalSettings | None
+) -> _Target:
     from rldojo.envs.registry import make_env
 
     kwargs = dict(env_kwargs or {})
@@ -179,8 +205,9 @@ def _env_target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None,
         if run is None:
             raise ValueError("evaluate: env= is needed unless the model is a run directory")
         if run.env is None:
-            raise ValueError("evaluate: the run trained on several environments (env.mix); "
-                             "pick one with env=")  # fmt: skip
+            raise ValueError(
+                "evaluate: the run trained on several environments (env.mix); pick one with env="
+            )
         env = run.env
     if isinstance(env, str):
         runs_env = run if run is not None and env == run.env else None
@@ -202,7 +229,7 @@ def _env_target(env: EnvSpec, env_kwargs: Mapping[str, Any] | None,
         factory = env
 
         def build() -> Env:
-            return factory(**kwargs)  # type: ignore[no-any-return]
+            return factory(**kwargs)
 
         return _Target(getattr(env, "__name__", "env"), build, build().default_grader())
     raise TypeError(f"evaluate: env: expected an id, a factory or an Env, got {type(env).__name__}")
@@ -216,9 +243,11 @@ def _check_registered(env_id: str, run: RunEvalSettings | None) -> None:
         return
     if run is not None:
         raise ValueError(run.function_env_error())
-    raise ValueError(f"evaluate: {env_id} is a reward function's environment, registered "
-                     "only in the process that trained on it; pass its rows and function: "
-                     "tasks=ROWS, reward=FUNCTION")  # fmt: skip
+    raise ValueError(
+        f"evaluate: {env_id} is a reward function's environment, registered "
+        "only in the process that trained on it; pass its rows and function: "
+        "tasks=ROWS, reward=FUNCTION"
+    )
 
 
 def _grader_of_run(target: _Target, run: RunEvalSettings | None) -> _Target:
@@ -242,15 +271,19 @@ def _threshold(given: float | None, run: RunEvalSettings | None, target: _Target
     return target.threshold
 
 
-def _limits(run: RunEvalSettings | None, max_new_tokens: int | None,
-            max_turns: int | None) -> tuple[int, dict[str, Any], float]:  # fmt: skip
+def _limits(
+    run: RunEvalSettings | None, max_new_tokens: int | None, max_turns: int | None
+) -> tuple[int, dict[str, Any], float]:
     """Tokens per turn, the episode limits and the grading timeout: those given, else the
     run's held-out evaluation's, else the config's defaults."""
     if run is None:
         cfg = TrainConfig()
         ro = cfg.rollout
-        episode = {"max_turns": ro.max_turns, "env_timeout_s": ro.env_timeout_s,
-                   "max_episode_tokens": ro.max_episode_tokens}  # fmt: skip
+        episode = {
+            "max_turns": ro.max_turns,
+            "env_timeout_s": ro.env_timeout_s,
+            "max_episode_tokens": ro.max_episode_tokens,
+        }
         default_new, grade_timeout_s = cfg.sampling.max_new_tokens, ro.grade_timeout_s
     else:
         episode, default_new = dict(run.episode), run.max_new_tokens

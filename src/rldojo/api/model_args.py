@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from peft import LoraConfig
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from rldojo.policy.base import Tokenizer
+
 __all__ = ["with_model"]
 
 
@@ -54,8 +56,9 @@ def with_model(
         update["lora"] = lora
     if isinstance(model, str):
         if tokenizer is not None:
-            raise ConfigValueError("tokenizer: goes with a model object; a model name loads "
-                                   "its own tokenizer")  # fmt: skip
+            raise ConfigValueError(
+                "tokenizer: goes with a model object; a model name loads its own tokenizer"
+            )
         update["name"] = model
     elif model is not None:
         update["name"] = _register(config, model, tokenizer)
@@ -75,11 +78,13 @@ def _register(
     from rldojo.policy.models import prepare_tokenizer
 
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"model: expected a name or a transformers PreTrainedModel, got "
-                        f"{type(model).__name__}")  # fmt: skip
+        raise TypeError(
+            f"model: expected a name or a transformers PreTrainedModel, got {type(model).__name__}"
+        )
     if is_peft_model(model):
-        raise ConfigValueError("model: a peft model; pass its base model and the LoraConfig "
-                               "as peft_config=")  # fmt: skip
+        raise ConfigValueError(
+            "model: a peft model; pass its base model and the LoraConfig as peft_config="
+        )
     refused = {
         "run.train_ranks": (config.run.train_ranks > 1, "set it to 1"),
         "torchrun": (int(os.environ.get("WORLD_SIZE", "1")) > 1, "run one process"),
@@ -88,24 +93,28 @@ def _register(
     }
     for key, (bad, fix) in refused.items():
         if bad:
-            raise ConfigValueError(f"{key}: a model object lives in this process and "
-                                   f"cannot reach others; {fix}, or give a model name")  # fmt: skip
-    tok = tokenizer if tokenizer is not None else _default_tokenizer(model)
-    return register_model(model, prepare_tokenizer(tok))
+            raise ConfigValueError(
+                f"{key}: a model object lives in this process and "
+                f"cannot reach others; {fix}, or give a model name"
+            )
+    tok = prepare_tokenizer(tokenizer) if tokenizer is not None else _default_tokenizer(model)
+    return register_model(model, tok)
 
 
-def _default_tokenizer(model: PreTrainedModel) -> PreTrainedTokenizerBase:
+def _default_tokenizer(model: PreTrainedModel) -> Tokenizer:
     """The tokenizer of the model's `name_or_path`; a one-line error when none loads."""
     from rldojo.policy.models import load_tokenizer
 
     path = str(model.name_or_path or "")
     if not path:
-        raise ConfigValueError("tokenizer: required: the model object has no name_or_path to "
-                               "load its tokenizer from")  # fmt: skip
+        raise ConfigValueError(
+            "tokenizer: required: the model object has no name_or_path to load its tokenizer from"
+        )
     try:
-        tokenizer: PreTrainedTokenizerBase = load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as exc:
         first = " ".join(str(exc).split())[:200]
-        raise ConfigValueError(f"tokenizer: required: none loads from the model's name_or_path "
-                               f"{path!r} ({first})") from None  # fmt: skip
+        raise ConfigValueError(
+            f"tokenizer: required: none loads from the model's name_or_path {path!r} ({first})"
+        ) from None
     return tokenizer

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rldojo.training.callbacks import Callback
-    from rldojo.training.signal import NoSignal
+    from rldojo.training.no_signal import NoSignal
 
 __all__ = [
     "RunResult",
@@ -77,8 +77,9 @@ def as_config(config: ConfigLike) -> TrainConfig:
             raise ConfigError(format_error("config", exc, TrainConfig)) from None
     if isinstance(config, str | os.PathLike):
         return load_config(Path(config))
-    raise TypeError(f"config: expected a TOML path, a dict or a TrainConfig, got "
-                    f"{type(config).__name__}")  # fmt: skip
+    raise TypeError(
+        f"config: expected a TOML path, a dict or a TrainConfig, got {type(config).__name__}"
+    )
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class RunResult:
     """The newest checkpoint, `RUN/checkpoints/step_NNNNNN` (None: none written)."""
     diagnosis: tuple[NoSignal, ...] = ()
     """The steps without learning signal, grouped by cause (`train`; summary.json's
-    `no_signal`): each a `rldojo.training.signal.NoSignal` with `cause` ("too_easy",
+    `no_signal`): each a `rldojo.training.no_signal.NoSignal` with `cause` ("too_easy",
     "too_hard", "truncated", "no_answer", "constant_reward", "equal_groups", "failures"),
     `steps` and `text`. Empty: every step had signal, or the command has no groups."""
 
@@ -106,7 +107,7 @@ class RunResult:
     def of(cls, summary: Mapping[str, Any], run_dir: str | os.PathLike[str] | None) -> RunResult:
         """The result of a run that returned `summary` (its `run_dir`, else the one given)."""
         from rldojo.store.checkpoint import latest_checkpoint
-        from rldojo.training.signal import NoSignal
+        from rldojo.training.no_signal import NoSignal
 
         where = run_dir if run_dir is not None else summary.get("run_dir")
         if where is None:
@@ -185,8 +186,14 @@ def train(
     from rldojo.training.loop import run_training
 
     with quiet_progress_bars():
-        summary = run_training(cfg, run_dir=_dir(run_dir), resume=resume, overwrite=overwrite,
-                               force=False, callbacks=_heard(callbacks))  # fmt: skip
+        summary = run_training(
+            cfg,
+            run_dir=_dir(run_dir),
+            resume=resume,
+            overwrite=overwrite,
+            force=False,
+            callbacks=_heard(callbacks),
+        )
     return RunResult.of(summary, run_dir)
 
 
@@ -201,8 +208,10 @@ def with_reward(
     environment registered in this process (`register_function_env`). A config that an
     earlier `train()` wrote (its `env.kwargs` the fingerprint of its rows) may be given."""
     if reward is None or tasks is None:
-        raise ValueError("train: tasks= and reward= go together (rows, and the function "
-                         "that grades a completion of one)")  # fmt: skip
+        raise ValueError(
+            "train: tasks= and reward= go together (rows, and the function "
+            "that grades a completion of one)"
+        )
     refused = {
         "rollout.env_workers": (config.rollout.env_workers > 0, "set it to 0"),
         "rollout.grade_in_workers": (config.rollout.grade_in_workers, "set it to false"),
@@ -210,21 +219,30 @@ def with_reward(
     }
     for key, (bad, fix) in refused.items():
         if bad:
-            raise ConfigValueError(f"{key}: a reward function lives in this process and cannot "
-                                   f"reach other processes; {fix}")  # fmt: skip
+            raise ConfigValueError(
+                f"{key}: a reward function lives in this process and cannot "
+                f"reach other processes; {fix}"
+            )
     written = config.env.id.startswith("reward.") and set(config.env.kwargs) <= {"fingerprint"}
-    for key, bad in (("env.mix", bool(config.env.mix)),
-                     ("env.kwargs", bool(config.env.kwargs) and not written),
-                     ("grader.spec", config.grader.spec is not None)):  # fmt: skip
+    for key, bad in (
+        ("env.mix", bool(config.env.mix)),
+        ("env.kwargs", bool(config.env.kwargs) and not written),
+        ("grader.spec", config.grader.spec is not None),
+    ):
         if bad:
-            raise ConfigValueError(f"{key}: the tasks and reward given to train() are the "
-                                   "environment and its grader; leave it unset")  # fmt: skip
-    made = register_function_env(reward, tasks, eval_tasks, weights=reward_weights,
-                                 group_size=config.rollout.group_size)  # fmt: skip
-    return config.model_copy(update={
-        "env": config.env.model_copy(update={"id": made.env_id, "kwargs": made.kwargs}),
-        "eval": config.eval.model_copy(update={"tasks": made.eval_tasks}),
-    })  # fmt: skip
+            raise ConfigValueError(
+                f"{key}: the tasks and reward given to train() are the "
+                "environment and its grader; leave it unset"
+            )
+    made = register_function_env(
+        reward, tasks, eval_tasks, weights=reward_weights, group_size=config.rollout.group_size
+    )
+    return config.model_copy(
+        update={
+            "env": config.env.model_copy(update={"id": made.env_id, "kwargs": made.kwargs}),
+            "eval": config.eval.model_copy(update={"tasks": made.eval_tasks}),
+        }
+    )
 
 
 def sft(
@@ -245,14 +263,28 @@ def sft(
     from rldojo.training.sft import run_sft
 
     cfg = as_config(config)
-    if peft_config is not None and not cfg.sft.lora:
-        raise ConfigValueError("sft.lora: false trains every weight, but peft_config= asks "
-                               "for adapters; leave sft.lora true")  # fmt: skip
+    sft_model = cfg.sft.model
+    if (
+        peft_config is not None
+        and sft_model is not None
+        and sft_model.lora is None
+        and "lora" in sft_model.model_fields_set
+    ):
+        raise ConfigValueError(
+            'sft.model.lora: "none" trains every weight, but peft_config= '
+            "asks for adapters; leave it out"
+        )
     if model is not None or tokenizer is not None or peft_config is not None:
         cfg = with_model(cfg, model, tokenizer, peft_config)
     with quiet_progress_bars():
-        summary = run_sft(cfg, data, run_dir=_dir(run_dir), resume=resume, overwrite=overwrite,
-                          callbacks=_heard(callbacks))  # fmt: skip
+        summary = run_sft(
+            cfg,
+            data,
+            run_dir=_dir(run_dir),
+            resume=resume,
+            overwrite=overwrite,
+            callbacks=_heard(callbacks),
+        )
     return RunResult.of(summary, run_dir)
 
 
@@ -269,6 +301,11 @@ def distill(
 
     cfg = as_config(config)
     with quiet_progress_bars():
-        summary = run_distill(cfg, run_dir=_dir(run_dir), resume=resume, overwrite=overwrite,
-                              callbacks=_heard(callbacks))  # fmt: skip
+        summary = run_distill(
+            cfg,
+            run_dir=_dir(run_dir),
+            resume=resume,
+            overwrite=overwrite,
+            callbacks=_heard(callbacks),
+        )
     return RunResult.of(summary, run_dir)

@@ -26,11 +26,22 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rldojo.types import Rollout, SamplingParams, Score, Task
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from rldojo.policy.base import Policy, Tokenizer
+
+Weights = dict[str, torch.Tensor]
+"""A policy's weights by parameter name (bf16 when published)."""
+Graded = tuple[list[Rollout], list[Score]]
+"""A worker's rollouts and their scores, in request order."""
 
 log = logging.getLogger("rldojo.ray")
 
@@ -49,7 +60,7 @@ class WorkerSampler:
     prefix_cache_mb: int = 0
 
 
-def build_sampler(model: Any, tokenizer: Any, spec: WorkerSampler) -> Any:
+def build_sampler(model: torch.nn.Module, tokenizer: Tokenizer, spec: WorkerSampler) -> Policy:
     """The worker's `Policy` on its own device: CUDA where Ray gave it a GPU."""
     from rldojo.hardware import resolve_precision
     from rldojo.policy.device import resolve_device
@@ -60,15 +71,23 @@ def build_sampler(model: Any, tokenizer: Any, spec: WorkerSampler) -> Any:
     if spec.backend == "vllm":
         from rldojo.policy.vllm_backend import VLLMPolicy
 
-        policy = VLLMPolicy(model, tokenizer, seed=spec.seed,
-                            dtype="bfloat16" if gen_dtype == torch.bfloat16 else "float32",
-                            gpu_memory_utilization=spec.gpu_memory_utilization)  # fmt: skip
+        policy = VLLMPolicy(
+            model,
+            tokenizer,
+            seed=spec.seed,
+            dtype="bfloat16" if gen_dtype == torch.bfloat16 else "float32",
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+        )
         policy.release_model()  # new versions come as state dicts; the engine has its copy
         return policy
     from rldojo.policy.transformers_backend import TransformersPolicy
 
-    return TransformersPolicy(model.to(device), tokenizer, generation_dtype=gen_dtype,
-                              prefix_cache_mb=spec.prefix_cache_mb)  # fmt: skip
+    return TransformersPolicy(
+        model.to(device),
+        tokenizer,
+        generation_dtype=gen_dtype,
+        prefix_cache_mb=spec.prefix_cache_mb,
+    )
 
 
 class RolloutWorker:
@@ -78,7 +97,7 @@ class RolloutWorker:
         self,
         model_name: str,
         env_entries: Sequence[tuple[str, Mapping[str, Any], float]],
-        grader_spec: Any,
+        grader_spec: str | Path | Mapping[str, Any] | None,
         sampler: WorkerSampler,
         env_timeout_s: float,
         grade_timeout_s: float,
@@ -111,16 +130,20 @@ class RolloutWorker:
         """What serves this worker's generation: its backend class, weight version, device."""
         from rldojo.policy.device import resolve_device
 
-        return {"sampler": type(self.policy).__name__, "version": self.policy.version,
-                "device": str(resolve_device()), "pid": os.getpid()}  # fmt: skip
+        return {
+            "sampler": type(self.policy).__name__,
+            "version": self.policy.version,
+            "device": str(resolve_device()),
+            "pid": os.getpid(),
+        }
 
     def run(
         self,
         requests: list[tuple[Task, int, int]],
         sampling: SamplingParams,
         version: int,
-        weights: Any,
-    ) -> tuple[list[Rollout], list[Score]]:
+        weights: Weights | ObjectRef[Weights] | None,
+    ) -> Graded:
         from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
 
         if self.policy.version != version:
@@ -128,13 +151,20 @@ class RolloutWorker:
             self.policy.update_weights(state)
             self.policy.version = version
         rollouts = self.loop.run_until_complete(
-            collect_rollouts(self.envs.make_env_for, self.policy, requests, sampling,
-                             env_timeout_s=self.timeouts[0], max_turns=self.max_turns)
-        )  # fmt: skip
+            collect_rollouts(
+                self.envs.make_env_for,
+                self.policy,
+                requests,
+                sampling,
+                env_timeout_s=self.timeouts[0],
+                max_turns=self.max_turns,
+            )
+        )
         scores = self.loop.run_until_complete(
-            grade_rollouts(self.grader, rollouts, [r[0] for r in requests],
-                           timeout_s=self.timeouts[1])
-        )  # fmt: skip
+            grade_rollouts(
+                self.grader, rollouts, [r[0] for r in requests], timeout_s=self.timeouts[1]
+            )
+        )
         pid = os.getpid()
         rollouts = [_with_worker(r, pid) for r in rollouts]
         return rollouts, scores
@@ -169,17 +199,21 @@ class RayRolloutPool:
     ) -> None:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     ignore_reinit_error=True)  # fmt: skip
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                ignore_reinit_error=True,
+            )
         self._ray = ray
         self._cls = ray.remote(num_cpus=0, num_gpus=num_gpus)(RolloutWorker)
         self._args = actor_args
         self.actors = [self._cls.remote(*actor_args) for _ in range(workers)]
         self.timeout_s, self.retries = timeout_s, retries
         self.replaced = 0
-        self._published: tuple[int, Any] = (-1, None)  # (version, weights ref), swapped whole
+        self._published: tuple[int, ObjectRef[Weights] | None] = (-1, None)  # swapped whole
 
-    def publish(self, model: Any, version: int) -> None:
+    def publish(self, model: torch.nn.Module, version: int) -> None:
         """Put the current weights (bf16) in the object store for the workers to fetch.
         Call it from the thread that steps the optimizer (after the step): a background
         rollout thread then only reads whole, consistent snapshots."""
@@ -200,8 +234,9 @@ class RayRolloutPool:
             shares[i % len(self.actors)] += group
         published = self._published
         refs = {w: self._send(w, sh, sampling, published) for w, sh in enumerate(shares) if sh}
-        results = {w: self._receive(w, shares[w], sampling, published, ref)
-                   for w, ref in refs.items()}  # fmt: skip
+        results = {
+            w: self._receive(w, shares[w], sampling, published, ref) for w, ref in refs.items()
+        }
         rollouts: list[Rollout] = []
         scores: list[Score] = []
         cursors = dict.fromkeys(results, 0)
@@ -214,8 +249,12 @@ class RayRolloutPool:
         return rollouts, scores
 
     def _send(
-        self, w: int, share: list, sampling: SamplingParams, published: tuple[int, Any]
-    ) -> Any:
+        self,
+        w: int,
+        share: list[tuple[Task, int, int]],
+        sampling: SamplingParams,
+        published: tuple[int, ObjectRef[Weights] | None],
+    ) -> ObjectRef[Graded]:
         return self.actors[w].run.remote(share, sampling, *published)
 
     def _receive(
@@ -223,12 +262,13 @@ class RayRolloutPool:
         w: int,
         share: list[tuple[Task, int, int]],
         sampling: SamplingParams,
-        published: tuple[int, Any],
-        ref: Any,
-    ) -> tuple[list[Rollout], list[Score]]:
+        published: tuple[int, ObjectRef[Weights] | None],
+        ref: ObjectRef[Graded],
+    ) -> Graded:
         for attempt in range(self.retries + 1):
             try:
-                return tuple(self._ray.get(ref, timeout=self.timeout_s))  # type: ignore[return-value]
+                rollouts, scores = self._ray.get(ref, timeout=self.timeout_s)
+                return rollouts, scores
             except Exception as exc:  # actor died, timed out, or raised: replace and retry
                 log.warning("rollout worker %d failed (attempt %d): %s", w, attempt + 1, exc)
                 self._ray.kill(self.actors[w], no_restart=True)
@@ -238,10 +278,18 @@ class RayRolloutPool:
                 if attempt < self.retries:
                     ref = self._send(w, share, sampling, published)
         failed = [
-            Rollout(t.id, t.env, [], "", status="policy_error", sample_index=i, seed=s,
-                    error=f"ray worker failed {self.retries + 1} times: {error}")
+            Rollout(
+                t.id,
+                t.env,
+                [],
+                "",
+                status="policy_error",
+                sample_index=i,
+                seed=s,
+                error=f"ray worker failed {self.retries + 1} times: {error}",
+            )
             for t, i, s in share
-        ]  # fmt: skip
+        ]
         return failed, [Score.failed("error", r.error) for r in failed]
 
     def pids(self) -> list[int]:

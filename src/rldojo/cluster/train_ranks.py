@@ -28,9 +28,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 __all__ = ["RankError", "TrainRank", "run_on_ranks"]
 
@@ -85,8 +89,13 @@ class TrainRank:
             s.bind(("", 0))
             return int(s.getsockname()[1])
 
-    def run(self, entry: Callable[..., dict[str, Any]], kwargs: Mapping[str, Any],
-            env: Mapping[str, str], width: int) -> dict[str, Any]:  # fmt: skip
+    def run(
+        self,
+        entry: Callable[..., dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        env: Mapping[str, str],
+        width: int,
+    ) -> dict[str, Any]:
         """`entry(**kwargs, console=...)` as this rank: `env` set first, rank 0's console
         printing into the relay (`width` columns, plain text), the others' silent."""
         import ray
@@ -96,8 +105,9 @@ class TrainRank:
             os.environ["LOCAL_RANK"] = "0"
         console = None
         if self.rank == 0:
-            console = Console(file=self._relay, width=width, force_terminal=False,
-                              no_color=True, soft_wrap=True)  # fmt: skip
+            console = Console(
+                file=self._relay, width=width, force_terminal=False, no_color=True, soft_wrap=True
+            )
         return entry(**kwargs, console=console)
 
     def output(self) -> str:
@@ -105,10 +115,17 @@ class TrainRank:
         return self._relay.drain()
 
 
-def run_on_ranks(entry: Callable[..., dict[str, Any]], kwargs: Mapping[str, Any], *,
-                 ranks: int, gpus: float = 0.0, address: str | None = None,
-                 timeout_s: float = 600.0, console: Console | None = None,
-                 on_loss: str = "") -> dict[str, Any]:  # fmt: skip
+def run_on_ranks(
+    entry: Callable[..., dict[str, Any]],
+    kwargs: Mapping[str, Any],
+    *,
+    ranks: int,
+    gpus: float = 0.0,
+    address: str | None = None,
+    timeout_s: float = 600.0,
+    console: Console | None = None,
+    on_loss: str = "",
+) -> dict[str, Any]:
     """Run `entry(**kwargs, console=...)` on `ranks` Ray actors (each with the torchrun
     environment of its rank) on the cluster at `address` (None: the one this process is
     connected to, else a new local one); rank 0's output goes to `console`. Returns rank
@@ -117,8 +134,9 @@ def run_on_ranks(entry: Callable[..., dict[str, Any]], kwargs: Mapping[str, Any]
     exception a rank raised."""
     ray = _ray()
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 ignore_reinit_error=True)  # fmt: skip
+        ray.init(
+            address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True
+        )
     group = _RankGroup(ray, ranks, gpus, timeout_s)
     try:
         group.start(entry, kwargs, console.width if console is not None else 100)
@@ -130,7 +148,7 @@ def run_on_ranks(entry: Callable[..., dict[str, Any]], kwargs: Mapping[str, Any]
 class _RankGroup:
     """The ranks' placement group and actors, and the launcher's side of their run."""
 
-    def __init__(self, ray: Any, ranks: int, gpus: float, timeout_s: float) -> None:
+    def __init__(self, ray: ModuleType, ranks: int, gpus: float, timeout_s: float) -> None:
         self.ray, self.world, self.timeout_s = ray, ranks, timeout_s
         bundle = {"CPU": 1.0, **({"GPU": gpus} if gpus > 0 else {})}
         self.bundle = bundle
@@ -140,8 +158,9 @@ class _RankGroup:
         self.actors: list[Any] = []
         self.runs: dict[Any, int] = {}  # the ranks' `run` calls in flight, to their rank
 
-    def start(self, entry: Callable[..., dict[str, Any]], kwargs: Mapping[str, Any],
-              width: int) -> None:  # fmt: skip
+    def start(
+        self, entry: Callable[..., dict[str, Any]], kwargs: Mapping[str, Any], width: int
+    ) -> None:
         """Reserve the bundles, start the actors, give each its environment, call `run`."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -149,26 +168,35 @@ class _RankGroup:
         try:
             ray.get(self.pg.ready(), timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise RankError(f"the Ray cluster has no room for {self.world} training ranks of "
-                            f"{self.bundle} each (waited {self.timeout_s:g} s, "
-                            "run.dist_timeout_s)") from None  # fmt: skip
+            raise RankError(
+                f"the Ray cluster has no room for {self.world} training ranks of "
+                f"{self.bundle} each (waited {self.timeout_s:g} s, "
+                "run.dist_timeout_s)"
+            ) from None
         actor = ray.remote(num_cpus=1, num_gpus=self.bundle.get("GPU", 0), max_concurrency=2)(
             TrainRank
         )
         self.actors = [
-            actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=r)).remote(r, self.world)
+            actor.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=r
+                )
+            ).remote(r, self.world)
             for r in range(self.world)
-        ]  # fmt: skip
+        ]
         try:
             nodes = ray.get([a.node.remote() for a in self.actors], timeout=self.timeout_s)
             port = ray.get(self.actors[0].free_port.remote(), timeout=self.timeout_s)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             raise RankError(f"a training rank could not start: {_first_line(exc)}") from None
         for r, a in enumerate(self.actors):
-            env = {"MASTER_ADDR": nodes[0], "MASTER_PORT": str(port), "RANK": str(r),
-                   "WORLD_SIZE": str(self.world),
-                   "LOCAL_RANK": str(nodes[:r].count(nodes[r]))}  # fmt: skip
+            env = {
+                "MASTER_ADDR": nodes[0],
+                "MASTER_PORT": str(port),
+                "RANK": str(r),
+                "WORLD_SIZE": str(self.world),
+                "LOCAL_RANK": str(nodes[:r].count(nodes[r])),
+            }
             self.runs[a.run.remote(entry, kwargs, env, width)] = r
 
     def wait(self, console: Console | None, on_loss: str) -> dict[str, Any]:
@@ -191,14 +219,16 @@ class _RankGroup:
         lost = sorted(r for r, o in outcome.items() if isinstance(o, ray.exceptions.RayActorError))
         if lost:
             why = _first_line(outcome[lost[0]])
-            raise RankError(f"training rank {lost[0]} of {self.world} was lost ({why}); the "
-                            f"other ranks were stopped{on_loss}")  # fmt: skip
+            raise RankError(
+                f"training rank {lost[0]} of {self.world} was lost ({why}); the "
+                f"other ranks were stopped{on_loss}"
+            )
         raised = {r: o for r, o in outcome.items() if isinstance(o, BaseException)}
         if raised:
             raise raised[min(raised)] from None  # rank 0's, when it raised
         return dict(outcome[0])
 
-    def _result(self, ref: Any) -> Any:
+    def _result(self, ref: ObjectRef[dict[str, Any]]) -> dict[str, Any] | BaseException:
         """A rank's result; the exception it raised (as its own type), or the death of
         its actor (`RayActorError`)."""
         ray = self.ray

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from rldojo.envs.base import Env
 
 
@@ -108,7 +110,7 @@ def curate(
         report.write_text(json.dumps(summary, indent=2))
 
 
-def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
+def _run(o: dict[str, Any], console: Console) -> dict[str, Any]:
     from rldojo.data.dedup import dedup_tasks
     from rldojo.eval.curate import estimate_pass_rates, task_row
     from rldojo.policy.models import load_model
@@ -197,7 +199,7 @@ def _summary(
     }
 
 
-def _print(console: Any, o: dict[str, Any], s: dict[str, Any]) -> None:
+def _print(console: Console, o: dict[str, Any], s: dict[str, Any]) -> None:
     from rldojo.eval.curate import histogram_text
 
     console.print("pass-rate distribution (tasks per passes/K):")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rldojo.dashboard.server import DashboardHandle
 
 
 def register(app: typer.Typer) -> None:
@@ -32,8 +35,10 @@ def dashboard(
     from rldojo.asgi import run_until_stopped
     from rldojo.dashboard.server import start_dashboard
 
-    def ready(handle: Any) -> None:
-        console.print(f"rldojo dashboard at {handle.url} over {', '.join(map(str, roots))} "
-                      "(Ctrl-C stops)", soft_wrap=True)  # fmt: skip
+    def ready(handle: DashboardHandle) -> None:
+        console.print(
+            f"rldojo dashboard at {handle.url} over {', '.join(map(str, roots))} (Ctrl-C stops)",
+            soft_wrap=True,
+        )
 
     run_until_stopped(start_dashboard(roots, host, port), ready)

@@ -33,11 +33,16 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rldojo.commands.ui import parse_env_kwargs
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from rldojo.types import Message, Task
 
 FORMAT_HELP = (
     "text: demo records, calls as the model wrote them; openai: OpenAI's fine-tuning "
@@ -63,8 +68,10 @@ def _env_of(
 
     env = load_config(spec, overrides).env
     if env.mix:
-        raise ConfigError(f"{spec}: env.mix: rldojo demos plays one environment; set env.id "
-                          "and env.kwargs (or pass an environment id)")  # fmt: skip
+        raise ConfigError(
+            f"{spec}: env.mix: rldojo demos plays one environment; set env.id "
+            "and env.kwargs (or pass an environment id)"
+        )
     return env.id, {**env.kwargs, **extra}, spec
 
 
@@ -119,7 +126,7 @@ class AnswerActor:
         self.env = make_env(env_id, **kwargs)
         self.reply = getattr(self.env, "reference_reply", None)
 
-    def __call__(self, messages: list[Any], task: Any) -> str:
+    def __call__(self, messages: list[Message], task: Task) -> str:
         reply = self.reply(task) if self.reply is not None else None
         if reply is None and task.answer is not None:
             reply = f"Answer: {task.answer}"
@@ -134,26 +141,38 @@ class AnswerActor:
 async def _collect(o: dict[str, Any], kwargs: dict[str, Any]) -> tuple[list[dict], Any]:
     from rldojo.rollout.demos import Teacher, collect_demos
 
-    teacher: Any = AnswerActor(o["env"], kwargs) if o["from_answers"] else None
+    teacher: AnswerActor | Teacher | None = None
+    if o["from_answers"]:
+        teacher = AnswerActor(o["env"], kwargs)
     if o["teacher"]:
         key = o["api_key"] or os.environ.get("OPENAI_API_KEY", "EMPTY")
         teacher = Teacher.from_spec(
-            o["teacher"], api_key=key, temperature=o["temperature"],
+            o["teacher"],
+            api_key=key,
+            temperature=o["temperature"],
             max_tokens=o["max_new_tokens"],
-        )  # fmt: skip
+        )
     try:
         return await collect_demos(
-            o["env"], kwargs, n=o["n"], split=o["split"], seed=o["seed"],
-            actor=teacher or "expert", expert=o["expert"], samples=o["samples"], keep=o["keep"],
-            pass_threshold=o["pass_threshold"], max_turns=o["max_turns"],
+            o["env"],
+            kwargs,
+            n=o["n"],
+            split=o["split"],
+            seed=o["seed"],
+            actor=teacher or "expert",
+            expert=o["expert"],
+            samples=o["samples"],
+            keep=o["keep"],
+            pass_threshold=o["pass_threshold"],
+            max_turns=o["max_turns"],
             concurrency=o["concurrency"],
-        )  # fmt: skip
+        )
     finally:
         if teacher is not None:
             await teacher.aclose()
 
 
-def _print(console: Any, o: dict[str, Any], s: dict[str, Any], source: str) -> None:
+def _print(console: Console, o: dict[str, Any], s: dict[str, Any], source: str) -> None:
     from rich.table import Table
 
     def num(x: float | None) -> str:
@@ -252,9 +271,11 @@ def _save(o: dict[str, Any], records: list[dict[str, Any]], stats: dict[str, Any
     played = f"teacher:{o['teacher'].partition('#')[2]}" if o["teacher"] else "expert"
     _print(console, o, stats, AnswerActor.source if o["from_answers"] else played)
     if as_text:
-        console.print(f"{as_text} assistant turns kept their tool calls as text (a call amid "
-                      "prose, a broken tag): rldojo sft reads them as written; OpenAI's "
-                      "fine-tuning wants tool_calls")  # fmt: skip
+        console.print(
+            f"{as_text} assistant turns kept their tool calls as text (a call amid "
+            "prose, a broken tag): rldojo sft reads them as written; OpenAI's "
+            "fine-tuning wants tool_calls"
+        )
 
 
 def _check_options(o: dict) -> None:
@@ -264,10 +285,13 @@ def _check_options(o: dict) -> None:
     if o["format_"] not in ("text", "openai"):
         raise ValueError(f"--format must be 'text' or 'openai', got {o['format_']!r}")
     if o["format_"] == "openai" and o["keep"] == "all":
-        raise ValueError("--format openai writes no 'passed' mark, so it cannot keep failed "
-                         "attempts: use --keep passed, or --format text")  # fmt: skip
+        raise ValueError(
+            "--format openai writes no 'passed' mark, so it cannot keep failed "
+            "attempts: use --keep passed, or --format text"
+        )
     if o["n"] < 1 or o["samples"] < 1 or o["max_turns"] < 1:
         raise ValueError("--n, --samples and --max-turns must be >= 1")
     if sum(map(bool, (o["expert"], o["teacher"], o["from_answers"]))) > 1:
-        raise ValueError("--expert, --teacher and --from-answers exclude each other: "
-                         "one of them plays")  # fmt: skip
+        raise ValueError(
+            "--expert, --teacher and --from-answers exclude each other: one of them plays"
+        )

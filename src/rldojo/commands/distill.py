@@ -26,7 +26,7 @@ from rldojo.training.stops import RunStopped
 _KEYS = {  # option -> config key
     "teacher": "distill.teacher", "student": "model.name", "env": "env.id",
     "divergence": "distill.divergence", "sequences": "distill.sequences", "steps": "run.steps",
-    "prompts_per_step": "rollout.prompts_per_step", "max_new_tokens": "sampling.max_new_tokens",
+    "batch_size": "distill.batch_size", "max_new_tokens": "sampling.max_new_tokens",
     "temperature": "sampling.temperature", "kd_temperature": "distill.kd_temperature",
     "lr": "optim.lr", "micro_batch_size": "optim.micro_batch_size",
     "grad_clip": "optim.grad_clip", "seed": "run.seed", "threads": "run.threads",
@@ -52,7 +52,7 @@ def distill(
         str | None, typer.Option(help="distill.sequences: teacher | student")
     ] = None,
     steps: Annotated[int | None, typer.Option(help="run.steps")] = None,
-    prompts_per_step: Annotated[int | None, typer.Option(help="rollout.prompts_per_step")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="distill.batch_size")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="sampling.max_new_tokens")] = None,
     temperature: Annotated[float | None, typer.Option(help="sampling.temperature")] = None,
     kd_temperature: Annotated[float | None, typer.Option(help="distill.kd_temperature τ")] = None,
@@ -104,8 +104,9 @@ def distill(
 
         if out is None and cfg.run.name:
             out = Path(cfg.run.output_dir) / f"{cfg.run.name}-distill"
-        summary = run_distill(cfg, run_dir=out, resume=resume is not None, overwrite=overwrite,
-                              console=console)  # fmt: skip
+        summary = run_distill(
+            cfg, run_dir=out, resume=resume is not None, overwrite=overwrite, console=console
+        )
     except RunStopped as exc:
         stop(exc)
     except (ConfigError, RunDirError) as exc:

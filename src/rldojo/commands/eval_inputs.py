@@ -82,14 +82,19 @@ def resolve(model: str, given: Mapping[str, Any]) -> EvalInputs:
         return EvalInputs(model=model, **flags)
     run = run_eval_settings(model)
     if run.env is None and "env" not in flags:
-        raise ConfigError(f"{run.run_dir / 'config.toml'}: env.mix: the run trained on several "
-                          "environments; pick one with --env (and --env-kwargs)")  # fmt: skip
+        raise ConfigError(
+            f"{run.run_dir / 'config.toml'}: env.mix: the run trained on several "
+            "environments; pick one with --env (and --env-kwargs)"
+        )
     from_run: dict[str, Any] = {
-        "tasks": run.tasks, "split": run.split, "seed": run.seed,
-        "max_new_tokens": run.max_new_tokens, "max_turns": run.max_turns,
+        "tasks": run.tasks,
+        "split": run.split,
+        "seed": run.seed,
+        "max_new_tokens": run.max_new_tokens,
+        "max_turns": run.max_turns,
         "episode": {k: v for k, v in run.episode.items() if k != "max_turns"},
         "grade_timeout_s": run.grade_timeout_s,
-    }  # fmt: skip
+    }
     grader = None
     if flags.get("env", run.env) == run.env:  # the run's env: its kwargs, grader spec
         if run.function_env:

@@ -4,10 +4,16 @@ robustness, the noise ceiling and the failure modes of each model)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from rldojo.eval.harness import SampledEval
 
 
-def summary_table(title: str, summary: dict[str, Any]) -> Any:
+def summary_table(title: str, summary: dict[str, Any]) -> Table:
     from rich.table import Table
 
     table = Table(title=title)
@@ -19,7 +25,7 @@ def summary_table(title: str, summary: dict[str, Any]) -> Any:
     return table
 
 
-def task_rows(result: Any, ks: list[int]) -> list[dict[str, Any]]:
+def task_rows(result: SampledEval, ks: list[int]) -> list[dict[str, Any]]:
     rows = []
     for t in result.tasks:
         row: dict[str, Any] = {
@@ -45,7 +51,7 @@ def metrics_json(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def print_robustness(console: Any, report: dict[str, Any]) -> None:
+def print_robustness(console: Console, report: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"robustness ({report['tasks']} tasks)")

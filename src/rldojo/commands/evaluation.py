@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from rldojo.commands.eval_inputs import EvalInputs
+    from rldojo.eval.harness import SampledEval
     from rldojo.policy.base import Policy
 
 
@@ -94,7 +95,9 @@ class _Runner:
         self.loop = asyncio.new_event_loop()
         self.console = console
 
-    def run(self, policy: Policy, tasks: list[Task], samples: int, seed: int, label: str) -> Any:
+    def run(
+        self, policy: Policy, tasks: list[Task], samples: int, seed: int, label: str
+    ) -> SampledEval:
         """`evaluate_samples`; the console shows `evaluating LABEL: done/total` samples."""
         from rldojo.eval.harness import evaluate_samples
         from rldojo.report.progress import PhaseProgress, with_turn
@@ -103,13 +106,21 @@ class _Runner:
         try:
             return self.loop.run_until_complete(
                 evaluate_samples(
-                    self.make_env, self.grader, policy, tasks, self.sampling,
-                    samples=samples, seed=seed, episode=self.episode,
-                    grade_timeout_s=self.grade_timeout_s, pass_threshold=self.pass_threshold,
+                    self.make_env,
+                    self.grader,
+                    policy,
+                    tasks,
+                    self.sampling,
+                    samples=samples,
+                    seed=seed,
+                    episode=self.episode,
+                    grade_timeout_s=self.grade_timeout_s,
+                    pass_threshold=self.pass_threshold,
                     progress=lambda turn, done, total: shown.update(
-                        f"evaluating {with_turn(label, turn)}", done, total),
+                        f"evaluating {with_turn(label, turn)}", done, total
+                    ),
                 )
-            )  # fmt: skip
+            )
         finally:
             shown.close()
 
@@ -121,15 +132,18 @@ def _ks(samples: int, ks: list[int] | None) -> list[int]:
     return sorted({*powers, samples})
 
 
-def _robustness(runner: _Runner, policy: Policy, tasks: list[Task], base: Any, args: Any) -> Any:
+def _robustness(
+    runner: _Runner, policy: Policy, tasks: list[Task], base: SampledEval, args: dict[str, Any]
+) -> dict[str, Any]:
     from rldojo.envs.mcq.items import item_from_task
     from rldojo.eval.perturb import robustness_report, select_suite
 
     suite = select_suite(args["perturb"], item_from_task(tasks[0]) is not None)
     outcomes = {"baseline": {k: v > 0 for k, v in base.per_task("maj").items()}}
     for p in suite[1:]:
-        result = runner.run(policy, [p.apply(t) for t in tasks], args["samples"], args["seed"],
-                            p.name)  # fmt: skip
+        result = runner.run(
+            policy, [p.apply(t) for t in tasks], args["samples"], args["seed"], p.name
+        )
         outcomes[p.name] = {k: v > 0 for k, v in result.per_task("maj").items()}
     return robustness_report(outcomes, n_resamples=args["bootstrap"], seed=args["seed"])
 
@@ -252,7 +266,7 @@ def _check_models(*specs: str | None) -> None:
             check_model(_check_adapter_base(spec))
 
 
-def _resolve(o: dict[str, Any], console: Any) -> EvalInputs:
+def _resolve(o: dict[str, Any], console: Console) -> EvalInputs:
     """What to evaluate (`eval_inputs.resolve`), also written back into `o` (the model, the
     env, the tasks, the seed, the limits, the pass threshold) for the reports."""
     from rldojo.commands.eval_inputs import OPTIONS, is_run_dir, newest_checkpoint, resolve
@@ -262,11 +276,15 @@ def _resolve(o: dict[str, Any], console: Any) -> EvalInputs:
     if is_run_dir(o["compare"]):
         o["compare"] = str(newest_checkpoint(Path(o["compare"]).expanduser()))
     if inputs.run is not None:
-        console.print(f"{inputs.run}: {Path(inputs.model).name} on {inputs.env} "
-                      f"{json.dumps(inputs.env_kwargs)}, max_new_tokens "
-                      f"{inputs.max_new_tokens}, max_turns {inputs.max_turns}; {inputs.tasks} "
-                      f"{inputs.split} tasks, seed {inputs.seed}, pass threshold "
-                      f"{inputs.pass_threshold:g}", soft_wrap=True, highlight=False)  # fmt: skip
+        console.print(
+            f"{inputs.run}: {Path(inputs.model).name} on {inputs.env} "
+            f"{json.dumps(inputs.env_kwargs)}, max_new_tokens "
+            f"{inputs.max_new_tokens}, max_turns {inputs.max_turns}; {inputs.tasks} "
+            f"{inputs.split} tasks, seed {inputs.seed}, pass threshold "
+            f"{inputs.pass_threshold:g}",
+            soft_wrap=True,
+            highlight=False,
+        )
     return inputs
 
 
@@ -278,7 +296,7 @@ def _check_adapter_base(spec: str) -> str:
     return adapter_base_name(path) if is_adapter_dir(path) else spec
 
 
-def _run(o: dict[str, Any], console: Any) -> dict[str, Any]:
+def _run(o: dict[str, Any], console: Console) -> dict[str, Any]:
     from rldojo.envs.registry import make_env
     from rldojo.eval.failures import failures_table, group_failures
 
@@ -333,16 +351,17 @@ def _compare(
     o: dict[str, Any],
     runner: _Runner,
     tasks: list[Task],
-    result: Any,
+    result: SampledEval,
     ks: list[int],
     data: dict[str, Any],
-    console: Any,
+    console: Console,
 ) -> None:
     from rldojo.eval.failures import failures_table, group_failures
     from rldojo.eval.harness import compare_evals
 
-    other = runner.run(_policy(o["compare"], o["api_key"], console), tasks, o["samples"],
-                       o["seed"], o["compare"])  # fmt: skip
+    other = runner.run(
+        _policy(o["compare"], o["api_key"], console), tasks, o["samples"], o["seed"], o["compare"]
+    )
     other_summary = other.summary(ks, n_resamples=o["bootstrap"], seed=o["seed"])
     console.print(summary_table(f"{o['compare']} on {o['env']}", other_summary))
     c = compare_evals(result, other, n_resamples=o["bootstrap"], seed=o["seed"])
@@ -364,7 +383,11 @@ def _compare(
 
 
 def _noise(
-    o: dict[str, Any], tasks: list[Task], result: Any, data: dict[str, Any], console: Any
+    o: dict[str, Any],
+    tasks: list[Task],
+    result: SampledEval,
+    data: dict[str, Any],
+    console: Console,
 ) -> None:
     from rldojo.eval.noise import load_label_errors, noise_ceiling
 

@@ -14,10 +14,13 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 GraderOpt = Annotated[str, typer.Option("--grader", help="Grader spec: .json/.toml file or JSON")]
 CacheOpt = Annotated[
@@ -114,7 +117,7 @@ def _exit_if_all_failed(scores: list[Any]) -> None:
     raise typer.Exit(1)
 
 
-def _print_summary(console: Any, result: dict[str, Any], out: Path, target: Path) -> None:
+def _print_summary(console: Console, result: dict[str, Any], out: Path, target: Path) -> None:
     mean = "n/a" if result["mean"] is None else f"{result['mean']:.3f}"
     rate = "n/a" if result["pass_rate"] is None else f"{result['pass_rate']:.1%}"
     console.print(

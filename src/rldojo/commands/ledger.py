@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(ledger_app, name="ledger")
 
 
-def _open(run: Path):  # type: ignore[no-untyped-def]
+def _open(run: Path):
     from rldojo.commands.ui import fail
     from rldojo.store.ledger import Ledger
 

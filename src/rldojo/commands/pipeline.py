@@ -54,8 +54,15 @@ def pipeline(
     if demos < 1:
         fail("--demos must be >= 1")
     try:
-        summary = run_pipeline(config, set_ or [], run_dir, demos=demos, group_by=by_kind,
-                               overwrite=overwrite, console=console)  # fmt: skip
+        summary = run_pipeline(
+            config,
+            set_ or [],
+            run_dir,
+            demos=demos,
+            group_by=by_kind,
+            overwrite=overwrite,
+            console=console,
+        )
     except RunStopped as exc:
         stop(exc, " (rldojo pipeline: the same command resumes)")
         return

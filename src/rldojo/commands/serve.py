@@ -7,9 +7,12 @@ vLLM's flags of the same names, checked before the model loads where they can be
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rldojo.inference.server import ServerHandle
 
 _Model = Annotated[
     str,
@@ -99,16 +102,24 @@ def serve(
 
     refused: tuple[type[Exception], ...] = (*user_errors(), ServeOptionError)  # past positions
 
-    def ready(handle: Any) -> None:
+    def ready(handle: ServerHandle) -> None:
         console.print(f"serving {handle.model} at {handle.url} (Ctrl-C stops)", soft_wrap=True)
 
     def log(line: str) -> None:
         console.print(line, soft_wrap=True, markup=False, highlight=False)
 
     try:
-        serve_forever(model, host, port, dtype=dtype, on_ready=ready,
-                      served_model_name=served_model_name, api_key=api_key or None,
-                      max_model_len=max_model_len, chat_template=template,
-                      request_log=log if request_log else None)  # fmt: skip
+        serve_forever(
+            model,
+            host,
+            port,
+            dtype=dtype,
+            on_ready=ready,
+            served_model_name=served_model_name,
+            api_key=api_key or None,
+            max_model_len=max_model_len,
+            chat_template=template,
+            request_log=log if request_log else None,
+        )
     except refused as exc:
         fail(str(exc))

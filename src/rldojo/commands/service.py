@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rldojo.service.server import ServiceHandle
 
 
 def register(app: typer.Typer) -> None:
@@ -114,7 +117,7 @@ def service(
         signal_prompts=signal_prompts,
     )
 
-    def ready(handle: Any) -> None:
+    def ready(handle: ServiceHandle) -> None:
         console.print(
             f"rldojo service at {handle.url} (data: {data_dir}; Ctrl-C stops)", soft_wrap=True
         )

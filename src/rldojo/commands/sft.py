@@ -32,7 +32,7 @@ def sft(
         Path | None, typer.Option(help="Demonstrations (JSONL, from rldojo demos)")
     ] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override, e.g. sft.epochs=3")
+        list[str] | None, typer.Option("--set", help="Override, e.g. run.epochs=3")
     ] = None,
     run_dir: Annotated[
         Path | None,
@@ -70,11 +70,19 @@ def sft(
 
         if run_dir is None and cfg.run.name:
             run_dir = Path(cfg.run.output_dir) / f"{cfg.run.name}-sft"
-        summary = run_sft(cfg, data, run_dir=run_dir, resume=resume is not None,
-                          overwrite=overwrite, console=console)  # fmt: skip
+        summary = run_sft(
+            cfg,
+            data,
+            run_dir=run_dir,
+            resume=resume is not None,
+            overwrite=overwrite,
+            console=console,
+        )
         if os.environ.get("RANK", "0") == "0":  # on several ranks, rank 0 says it
-            console.print(f"next: rldojo train CONFIG --set model.name={summary['checkpoint']}",
-                          soft_wrap=True)  # fmt: skip
+            console.print(
+                f"next: rldojo train CONFIG --set model.name={summary['checkpoint']}",
+                soft_wrap=True,
+            )
     except RunStopped as exc:
         stop(exc)
     except (ConfigError, RunDirError) as exc:

@@ -82,13 +82,14 @@ def train(
         fail(blame(str(exc), path, set_ or []))
 
 
-def _run(cfg: TrainConfig, *, resume: Path | None, dry_run: bool, overwrite: bool,
-         force: bool) -> None:  # fmt: skip
+def _run(
+    cfg: TrainConfig, *, resume: Path | None, dry_run: bool, overwrite: bool, force: bool
+) -> None:
     """Plan (`--dry-run`), resume or start the run; the trainer is imported only now."""
     from rldojo.training.loop import run_training
 
     if dry_run:
-        from rldojo.training.preflight import dry_run as describe
+        from rldojo.training.dry_run import dry_run as describe
 
         describe(cfg, console)
     elif resume is not None:
@@ -119,5 +120,6 @@ def _note_defaults(config: Path | None, overrides: list[str]) -> None:
     data = tomllib.loads(config.read_text())
     for section, what in (("model", "model smollm2-135m-instruct"), ("run", "12 steps")):
         if section not in data and not any(o.startswith(f"{section}.") for o in overrides):
-            console.print(f"note: {config} has no \\[{section}]: using the default ({what})",
-                          soft_wrap=True)  # fmt: skip
+            console.print(
+                f"note: {config} has no \\[{section}]: using the default ({what})", soft_wrap=True
+            )

@@ -86,8 +86,17 @@ def relaunch_on_ranks(nproc: int | None) -> None:
         elif not arg.startswith("--nproc="):
             argv.append(arg)
     # --standalone: a free rendezvous port, so two runs on one machine never collide
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), "-m", "rldojo", *argv]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "rldojo",
+        *argv,
+    ]
     raise typer.Exit(subprocess.call(command))
 
 
@@ -129,5 +138,14 @@ def user_errors() -> tuple[type[Exception], ...]:
     from rldojo.graders.openai_templates import TemplateError
     from rldojo.policy.errors import ModelLoadError
 
-    return (ConfigError, ConfigValueError, DataError, UnknownEnvError, EnvKwargsError,
-            EnvUnavailableError, ModelLoadError, TemplateError, PortInUseError)  # fmt: skip
+    return (
+        ConfigError,
+        ConfigValueError,
+        DataError,
+        UnknownEnvError,
+        EnvKwargsError,
+        EnvUnavailableError,
+        ModelLoadError,
+        TemplateError,
+        PortInUseError,
+    )

@@ -18,9 +18,16 @@ class LoraSection(_Section):
     """Dropout on the adapter's input while training (0: the PPO ratio of the sampler's
     tokens is not perturbed by dropout noise)."""
     target_modules: list[str] | Literal["all-linear"] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                 "gate_proj", "up_proj", "down_proj"]
-    )  # fmt: skip
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
     """Module names that get adapters (Llama-style names by default), or `"all-linear"`
     (every linear layer but the output layer)."""
     layers: list[int] | None = None

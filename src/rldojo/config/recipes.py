@@ -97,7 +97,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 """Each recipe's values by dotted key (`section.key`), in `RecipeName`'s order."""
 
 
-def apply_recipe(data: Any) -> Any:
+def apply_recipe(data: object) -> object:
     """The input of a `TrainConfig` with its recipe's values filled in where it sets no
     value itself. An input without a known recipe is returned as it is (an unknown name
     is then rejected by the `recipe` field, naming the valid ones)."""

@@ -65,11 +65,16 @@ def api_router(roots: list[Path]) -> APIRouter:
         metrics = read_metrics(r.file("metrics.jsonl"))
         summary = r.summary()
         return {
-            "row": r.row(metrics, config, summary or {}), "config_text": text,
-            "config": config, "summary": summary,
-            "checkpoints": r.checkpoints(), "train": metrics.train, "evals": metrics.evals,
-            "bad_lines": metrics.bad_lines, "has_ledger": r.file("ledger.sqlite").is_file(),
-        }  # fmt: skip
+            "row": r.row(metrics, config, summary or {}),
+            "config_text": text,
+            "config": config,
+            "summary": summary,
+            "checkpoints": r.checkpoints(),
+            "train": metrics.train,
+            "evals": metrics.evals,
+            "bad_lines": metrics.bad_lines,
+            "has_ledger": r.file("ledger.sqlite").is_file(),
+        }
 
     @api.get("/facets")
     def facets(run: str) -> dict[str, Any]:
@@ -114,9 +119,11 @@ def api_router(roots: list[Path]) -> APIRouter:
         tokenizer, why = tokenizer_for(model)
         prompt, later = turns(row["messages"])
         return row | {
-            "prompt": prompt, "turns": later, "segments": segments(row, tokenizer),
+            "prompt": prompt,
+            "turns": later,
+            "segments": segments(row, tokenizer),
             "tokens_note": why,
-        }  # fmt: skip
+        }
 
     @api.get("/group")
     def group(run: str, step: int, task: str) -> dict[str, Any]:

@@ -50,8 +50,13 @@ def find_reports(roots: list[Path]) -> list[dict[str, Any]]:
                     todo.append((p, depth + 1))
                 elif p.suffix == ".md" and (title := heading(p)):
                     rel = p.relative_to(root).as_posix()
-                    out.append({"id": f"{index}/{rel}", "title": title,
-                                "kind": title.split(":")[0].split()[-1]})  # fmt: skip
+                    out.append(
+                        {
+                            "id": f"{index}/{rel}",
+                            "title": title,
+                            "kind": title.split(":")[0].split()[-1],
+                        }
+                    )
     return sorted(out, key=lambda r: r["id"])
 
 

@@ -133,8 +133,20 @@ class LedgerView:
             [*args, limit, offset],
         ).fetchall()
         total = self._db.execute(f"SELECT COUNT(*) FROM rollouts{where}", args).fetchone()[0]
-        keys = ("id", "step", "env", "task_id", "sample_index", "status", "score_status",
-                "score", "trained", "advantage", "preview", "chars")  # fmt: skip
+        keys = (
+            "id",
+            "step",
+            "env",
+            "task_id",
+            "sample_index",
+            "status",
+            "score_status",
+            "score",
+            "trained",
+            "advantage",
+            "preview",
+            "chars",
+        )
         return {
             "rows": [dict(zip(keys, row, strict=True)) for row in rows],
             "total": total,
@@ -155,20 +167,58 @@ class LedgerView:
         ).fetchone()
         if row is None:
             return None
-        (rid, step, env, task_id, sample, seed, version, status, error, messages, completion,
-         ids, mask, logprobs, entropies, info, value, score_status, components, flags,
-         explanation, trained, advantage, selected) = row  # fmt: skip
+        (
+            rid,
+            step,
+            env,
+            task_id,
+            sample,
+            seed,
+            version,
+            status,
+            error,
+            messages,
+            completion,
+            ids,
+            mask,
+            logprobs,
+            entropies,
+            info,
+            value,
+            score_status,
+            components,
+            flags,
+            explanation,
+            trained,
+            advantage,
+            selected,
+        ) = row
         return {
-            "id": rid, "step": step, "env": env, "task_id": task_id, "sample_index": sample,
-            "seed": seed, "policy_version": version, "status": status, "error": error,
-            "messages": json.loads(messages), "completion": completion,
-            "completion_ids": json.loads(ids), "policy_mask": json.loads(mask),
-            "logprobs": json.loads(logprobs), "entropies": json.loads(entropies),
-            "info": json.loads(info), "score": value, "score_status": score_status,
-            "components": json.loads(components), "flags": json.loads(flags),
-            "explanation": explanation, "trained": trained, "advantage": advantage,
+            "id": rid,
+            "step": step,
+            "env": env,
+            "task_id": task_id,
+            "sample_index": sample,
+            "seed": seed,
+            "policy_version": version,
+            "status": status,
+            "error": error,
+            "messages": json.loads(messages),
+            "completion": completion,
+            "completion_ids": json.loads(ids),
+            "policy_mask": json.loads(mask),
+            "logprobs": json.loads(logprobs),
+            "entropies": json.loads(entropies),
+            "info": json.loads(info),
+            "score": value,
+            "score_status": score_status,
+            "components": json.loads(components),
+            "flags": json.loads(flags),
+            "explanation": explanation,
+            "trained": trained,
+            "advantage": advantage,
             "selected": None if selected is None else json.loads(selected),
-        }  # fmt: skip
+        }
 
     def group(self, step: int, task_id: str) -> list[dict[str, Any]]:
         """The G samples of one task at one step, in sample order, with their rewards."""
@@ -178,6 +228,14 @@ class LedgerView:
             " completion FROM rollouts WHERE step = ? AND task_id = ? ORDER BY sample_index, id",
             (step - STEP_OFFSET, task_id),
         ).fetchall()
-        keys = ("id", "sample_index", "status", "score_status", "score", "advantage",
-                "trained", "completion")  # fmt: skip
+        keys = (
+            "id",
+            "sample_index",
+            "status",
+            "score_status",
+            "score",
+            "advantage",
+            "trained",
+            "completion",
+        )
         return [dict(zip(keys, r, strict=True)) for r in rows]

@@ -10,20 +10,23 @@ token shows as its id, and the page says so.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rldojo.policy.base import Tokenizer
 
 TOKENIZER_CACHE = 4
 """Tokenizers kept loaded (one per model name)."""
 
 
 @functools.lru_cache(maxsize=TOKENIZER_CACHE)
-def _tokenizer(name: str) -> Any:
+def _tokenizer(name: str) -> Tokenizer:
     from rldojo.policy.models import load_tokenizer
 
     return load_tokenizer(name)
 
 
-def tokenizer_for(name: str | None) -> tuple[Any | None, str | None]:
+def tokenizer_for(name: str | None) -> tuple[Tokenizer | None, str | None]:
     """(tokenizer, None) or (None, why not)."""
     if not name:
         return None, "the run's config names no model"
@@ -33,7 +36,7 @@ def tokenizer_for(name: str | None) -> tuple[Any | None, str | None]:
         return None, f"tokenizer of {name!r} not loadable ({type(exc).__name__})"
 
 
-def segments(rollout: dict[str, Any], tokenizer: Any | None) -> list[dict[str, Any]]:
+def segments(rollout: dict[str, Any], tokenizer: Tokenizer | None) -> list[dict[str, Any]]:
     """Consecutive runs of policy / non-policy completion tokens. Each token:
     `t` text, `lp` behaviour logprob, `h` entropy (nats), `sel` selected by the mask."""
     ids = rollout["completion_ids"]
@@ -61,6 +64,5 @@ def segments(rollout: dict[str, Any], tokenizer: Any | None) -> list[dict[str, A
 def turns(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(prompt messages, later messages): the conversation before the first assistant turn
     is the prompt; the rest is what the completion tokens spell."""
-    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"),
-                 len(messages))  # fmt: skip
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
     return messages[:first], messages[first:]

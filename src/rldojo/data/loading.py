@@ -136,7 +136,7 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield number, row
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):

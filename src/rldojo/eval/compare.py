@@ -114,5 +114,8 @@ def pool_pairs(runs: Mapping[str, Sequence[tuple[bool, bool]]]) -> dict[str, Any
     for name, pairs in runs.items():
         for i, (a, b) in enumerate(pairs):
             sft[f"{name}:{i}"], rl[f"{name}:{i}"] = a, b
-    return {"sft": success_rate(sft), "sft_rl": success_rate(rl),
-            "sft_to_sft_rl": paired_comparison(sft, rl)}  # fmt: skip
+    return {
+        "sft": success_rate(sft),
+        "sft_rl": success_rate(rl),
+        "sft_to_sft_rl": paired_comparison(sft, rl),
+    }

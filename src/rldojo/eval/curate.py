@@ -190,7 +190,7 @@ def histogram_text(rows: Sequence[tuple[str, int]], width: int = 40) -> str:
     )
 
 
-def task_row(task: Task, **extra: Any) -> dict[str, Any]:
+def task_row(task: Task, **extra: object) -> dict[str, Any]:
     """A task as a JSON-able row (the format `load_tasks` reads), plus `extra` fields.
 
     A task with `info["question"]` also gets a top-level ``question``, so the file trains

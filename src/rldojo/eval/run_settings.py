@@ -71,9 +71,11 @@ class RunEvalSettings:
 
     def function_env_error(self) -> str:
         """The one line that says how to evaluate a run on a reward function."""
-        return (f"{self.run_dir}: the run trained on a reward function ({self.env}), which "
-                "only the Python process that trained it knows; evaluate it from Python: "
-                f"rldojo.evaluate({str(self.run_dir)!r}, tasks=ROWS, reward=FUNCTION)")  # fmt: skip
+        return (
+            f"{self.run_dir}: the run trained on a reward function ({self.env}), which "
+            "only the Python process that trained it knows; evaluate it from Python: "
+            f"rldojo.evaluate({str(self.run_dir)!r}, tasks=ROWS, reward=FUNCTION)"
+        )
 
     def checkpoint(self) -> Path:
         """The run's newest complete checkpoint; a `ModelLoadError` when it has none yet."""
@@ -81,8 +83,10 @@ class RunEvalSettings:
 
         found = latest_checkpoint(self.run_dir / "checkpoints")
         if found is None:
-            raise ModelLoadError(f"model {str(self.run_dir)!r}: a run directory without a "
-                                 "checkpoint yet (RUN/checkpoints/step_NNNNNN)")  # fmt: skip
+            raise ModelLoadError(
+                f"model {str(self.run_dir)!r}: a run directory without a "
+                "checkpoint yet (RUN/checkpoints/step_NNNNNN)"
+            )
         return found
 
     def grader(self) -> Grader | None:

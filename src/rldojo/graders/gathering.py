@@ -38,8 +38,14 @@ class GroupGathering:
     """Turns per-sample `grade` calls into `grade_group` calls (see the module docstring);
     `name` names the grader in the failure a raising `grade_group` becomes."""
 
-    def __init__(self, grade_group: GradeGroup, *, name: str, group_size: int | None = None,
-                 window_s: float = 0.25) -> None:  # fmt: skip
+    def __init__(
+        self,
+        grade_group: GradeGroup,
+        *,
+        name: str,
+        group_size: int | None = None,
+        window_s: float = 0.25,
+    ) -> None:
         self.grade_group, self.name = grade_group, name
         self.group_size, self.window_s = group_size, window_s
         self._gathering: dict[_Key, _Gathering] = {}

@@ -22,13 +22,13 @@ import hashlib
 import json
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rldojo.data.loading import DataError, read_rows, require_field
-from rldojo.graders.base import Grader
+from rldojo.graders.base import Grader, judges_groups
 from rldojo.types import Rollout, Score, Task
 
 if TYPE_CHECKING:  # a type only: `judges.meta_eval` imports this module
@@ -116,7 +116,9 @@ def check_row_templates(grader: Grader, rows: Sequence[GradeRow], where: str) ->
     check_spec_templates(spec, views, f"the {len(rows)} rows of {where}")
 
 
-async def _bounded(coro: Any, gate: asyncio.Semaphore, timeout_s: float, n: int) -> list[Score]:
+async def _bounded(
+    coro: Awaitable[Sequence[Score]], gate: asyncio.Semaphore, timeout_s: float, n: int
+) -> list[Score]:
     async with gate:
         try:
             return list(await asyncio.wait_for(coro, timeout_s))
@@ -140,23 +142,20 @@ async def grade_rows(
 ) -> list[Score]:
     """One score per row, in order; `on_done(k)` after each k rows finish."""
     pairs = [row_task_rollout(row, i) for i, row in enumerate(rows)]
-    grade_group = getattr(grader, "grade_group", None)
-    if getattr(grader, "supports_groups", grade_group is not None) is False:
-        grade_group = None
-    units: list[tuple[list[int], Any]] = []
-    if grade_group is not None:
+    units: list[tuple[list[int], Coroutine[object, object, list[Score]]]] = []
+    if judges_groups(grader):
         groups: dict[str, list[int]] = defaultdict(list)
         for i, (task, _) in enumerate(pairs):
             groups[task.id].append(i)
         for idx in groups.values():
-            call = grade_group([pairs[i][1] for i in idx], pairs[idx[0]][0])
+            call = grader.grade_group([pairs[i][1] for i in idx], pairs[idx[0]][0])
             units.append((idx, call))
     else:
         units = [([i], _one(grader, rollout, task)) for i, (task, rollout) in enumerate(pairs)]
     gate = asyncio.Semaphore(concurrency)
     scores: list[Score | None] = [None] * len(rows)
 
-    async def run(idx: list[int], call: Any) -> None:
+    async def run(idx: list[int], call: Awaitable[list[Score]]) -> None:
         for i, score in zip(idx, await _bounded(call, gate, timeout_s, len(idx)), strict=True):
             scores[i] = score
         if on_done is not None:

@@ -71,7 +71,7 @@ def template_paths(template: str, field: str) -> list[tuple[str, list[str | int]
     return [_parse_path(m.group(1), field) for m in _VAR.finditer(template)]
 
 
-def check_template(template: Any, field: str) -> str:
+def check_template(template: object, field: str) -> str:
     """Validate at load time: `template` is a string whose variables are well formed."""
     if not isinstance(template, str):
         raise TemplateError(f"{field}: expected a string, got {type(template).__name__}")
@@ -83,7 +83,7 @@ def lookup(
     namespace: str, path: list[str | int], sample: Mapping[str, Any], item: Mapping[str, Any]
 ) -> Any:
     """The value at `path` in the namespace; KeyError naming the missing part."""
-    node: Any = sample if namespace == "sample" else item
+    node: object = sample if namespace == "sample" else item
     walked = namespace
     for part in path:
         if isinstance(node, Mapping) and str(part) in node:
@@ -96,7 +96,7 @@ def lookup(
     return node
 
 
-def _as_text(value: Any) -> str:
+def _as_text(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 

@@ -168,7 +168,7 @@ def normalize_answer(text: str) -> str:
     return text.lower()
 
 
-def _provenance(name: str, version: str, **extra: Any) -> dict[str, Any]:
+def _provenance(name: str, version: str, **extra: object) -> dict[str, Any]:
     return {"grader": name, "version": version, **extra}
 
 

@@ -23,7 +23,7 @@ __all__ = ["check_spec_templates", "spec_templates"]
 _NOT_TEMPLATES = ("source",)
 
 
-def spec_templates(spec: Any, path: str = "spec") -> Iterator[tuple[str, str]]:
+def spec_templates(spec: object, path: str = "spec") -> Iterator[tuple[str, str]]:
     """`(field path, template)` of every templated string in a spec (dicts and lists)."""
     if isinstance(spec, str):
         if "{{" in spec:
@@ -49,7 +49,7 @@ def _missing(
         except KeyError as exc:
             first_error = first_error or str(exc.args[0])
     sample, item = views[0]
-    node: Any = sample if namespace == "sample" else item
+    node: object = sample if namespace == "sample" else item
     for part in parts:  # walk to the level where the path stops, to list what is there
         if isinstance(node, Mapping) and str(part) in node:
             node = node[str(part)]

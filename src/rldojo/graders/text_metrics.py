@@ -59,7 +59,7 @@ def string_check(input_text: str, reference: str, operation: str) -> bool:
 class _NoSynonyms:
     """Stands in for the WordNet reader when the corpus is missing: no synonym matches."""
 
-    def synsets(self, *args: Any, **kwargs: Any) -> list[Any]:
+    def synsets(self, *args: object, **kwargs: object) -> list[Any]:
         return []
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from rldojo.graders.base import Grader
+from rldojo.policy.base import Tokenizer
 from rldojo.types import Rollout, Score, Task
 
 __all__ = [
@@ -38,7 +38,9 @@ Span = tuple[int, int, float]
 """(start, end, reward): characters [start, end) of the completion text."""
 
 
-def token_char_ranges(tokenizer: Any, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
+def token_char_ranges(
+    tokenizer: Tokenizer, ids: Sequence[int]
+) -> tuple[str, list[tuple[int, int]]]:
     """The decoded text of `ids` and the character range each token added to it."""
     ranges: list[tuple[int, int]] = []
     end = 0
@@ -66,7 +68,7 @@ def final_turn_range(rollout: Rollout) -> tuple[int, int]:
 
 
 def spans_to_token_rewards(
-    tokenizer: Any, rollout: Rollout, spans: Sequence[Span]
+    tokenizer: Tokenizer, rollout: Rollout, spans: Sequence[Span]
 ) -> tuple[float, ...] | None:
     """Token rewards for `spans` of `rollout.completion`; None if the text cannot be
     aligned with the tokens (no token ids, or the decoded tokens do not contain it)."""
@@ -110,7 +112,7 @@ class SpanPenaltyGrader:
         self,
         inner: Grader,
         patterns: Mapping[str, float],
-        tokenizer: Any,
+        tokenizer: Tokenizer | str,
         *,
         name: str = "span_penalty",
     ) -> None:

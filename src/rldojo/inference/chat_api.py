@@ -174,8 +174,10 @@ def invalid_combination(body: ChatIn) -> JSONResponse | None:
         return bad_request("tool_choice", f"expected 'auto', 'none' or 'required', got {choice!r}")
     if choice == "required" or isinstance(choice, dict):
         wanted = "'required'" if choice == "required" else "a named function"
-        message = (f"{wanted} is not supported: rldojo serve has no constrained decoding; "
-                   "use 'auto' or 'none'")  # fmt: skip
+        message = (
+            f"{wanted} is not supported: rldojo serve has no constrained decoding; "
+            "use 'auto' or 'none'"
+        )
         return bad_request("tool_choice", message, "unsupported_value")
     return None
 
@@ -191,8 +193,9 @@ def chat_response(model: str, result: ChatResult, *, tools: bool = False) -> dic
             message = {"role": "assistant", "content": split[0], "tool_calls": split[1]}
             reason = "tool_calls"
         logprobs = logprobs_json(c.logprobs) if c.logprobs is not None else None
-        choices.append({"index": i, "message": message, "finish_reason": reason,
-                        "logprobs": logprobs})  # fmt: skip
+        choices.append(
+            {"index": i, "message": message, "finish_reason": reason, "logprobs": logprobs}
+        )
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",

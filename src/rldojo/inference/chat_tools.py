@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rldojo.inference.tool_calls import parse_turn
-from rldojo.policy.base import chat_template_ids
+from rldojo.policy.base import Tokenizer, chat_template_ids
 from rldojo.types import Message
 
 __all__ = [
@@ -47,7 +47,7 @@ TOOL_CALL_OPEN = "<tool_call>"
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.DOTALL)
 
 
-def tool_call_text(name: str, arguments: Any) -> str:
+def tool_call_text(name: str, arguments: object) -> str:
     """One call as the model writes it; `arguments` a dict or OpenAI's JSON string."""
     if isinstance(arguments, str):
         try:
@@ -58,7 +58,7 @@ def tool_call_text(name: str, arguments: Any) -> str:
     return f"{TOOL_CALL_OPEN}{body}</tool_call>"
 
 
-def assistant_text(content: str | None, calls: Sequence[tuple[str, Any]]) -> str:
+def assistant_text(content: str | None, calls: Sequence[tuple[str, object]]) -> str:
     """An assistant turn of OpenAI's shape as the model wrote it: its content, then each
     ``(name, arguments)`` call as `tool_call_text`, one a line (`split_tool_calls` reads
     it back)."""
@@ -77,9 +77,9 @@ def tools_system_prompt(tools: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def template_renders_tools(tokenizer: Any) -> bool:
+def template_renders_tools(tokenizer: Tokenizer) -> bool:
     """Whether the tokenizer's chat template uses the `tools` it is given."""
-    template = getattr(tokenizer, "chat_template", None)
+    template = tokenizer.chat_template
     if isinstance(template, dict):  # named templates: the default one, or a tool_use one
         template = " ".join(str(t) for t in template.values())
     return isinstance(template, str) and "tools" in template
@@ -102,7 +102,7 @@ def _with_tools_listed(messages: list[Message], tools: Sequence[dict[str, Any]])
 
 
 def encode_with_tools(
-    tokenizer: Any, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    tokenizer: Tokenizer, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
 ) -> list[int]:
     """Prompt token ids of a conversation offering `tools` (none: the plain template)."""
     if not tools:

@@ -86,9 +86,10 @@ class CompletionIn(BaseModel):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if p and all(isinstance(t, int) for t in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+        ids = [t for t in p if isinstance(t, int)]
+        if p and len(ids) == len(p):  # one prompt of token ids
+            return [ids]
+        return [t for t in p if not isinstance(t, int)]
 
 
 def invalid_completion(body: CompletionIn) -> JSONResponse | None:
@@ -152,8 +153,12 @@ def _choice_json(
     index: int, choice: ChatChoice, echo: PromptEcho | None, logprobs: bool
 ) -> dict[str, Any]:
     text = (echo.text if echo else "") + choice.text
-    out: dict[str, Any] = {"index": index, "text": text, "logprobs": None,
-                           "finish_reason": choice.finish_reason}  # fmt: skip
+    out: dict[str, Any] = {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": choice.finish_reason,
+    }
     if logprobs:
         pieces = [*(echo.pieces if echo else ()), *choice.pieces]
         entries = [*(echo.logprobs or () if echo else ()), *(choice.logprobs or ())]
@@ -185,16 +190,27 @@ def completion_stream(model: str, stream: ChatStream, body: CompletionIn) -> Str
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def wrap(choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
-        out = {"id": completion_id, "object": "text_completion", "created": created,
-               "model": model, "choices": choices}  # fmt: skip
+        out = {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
         return out | {"usage": usage} if include_usage else out
 
     def chunk(event: TokenEvent) -> list[dict[str, Any]]:
         logprobs = None
         if event.logprob is not None:
             logprobs = legacy_logprobs([event.piece or ""], [event.logprob])
-        return [{"index": event.index, "text": event.piece or "", "logprobs": logprobs,
-                 "finish_reason": event.finish_reason}]  # fmt: skip
+        return [
+            {
+                "index": event.index,
+                "text": event.piece or "",
+                "logprobs": logprobs,
+                "finish_reason": event.finish_reason,
+            }
+        ]
 
     first = [
         {

@@ -39,7 +39,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rldojo.inference.batching import Job, JobQueue
 from rldojo.inference.chat_tools import encode_with_tools
@@ -69,7 +69,11 @@ from rldojo.inference.serve_options import (
     load_chat_template,
 )
 from rldojo.inference.token_stream import ChoiceStreams, stream_hook, when_all_done
+from rldojo.policy.base import Tokenizer
 from rldojo.types import Completion, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ChatChoice",
@@ -86,7 +90,7 @@ __all__ = [
 ]
 
 
-def load_served_model(name: str) -> tuple[Any, Any]:
+def load_served_model(name: str) -> tuple[torch.nn.Module, Tokenizer]:
     """`(model, tokenizer)` for `rldojo serve`: a LoRA checkpoint directory (adapter
     files, `rldojo.policy.lora`) merged into the base it names, anything else as
     `load_model` loads it (built-in name, model or full-weights checkpoint directory)."""
@@ -124,8 +128,8 @@ class TransformersEngine:
         dtype: str = "auto",
         max_batch: int = 16,
         batch_window_s: float = 0.005,
-        model: Any = None,
-        tokenizer: Any = None,
+        model: torch.nn.Module | None = None,
+        tokenizer: Tokenizer | None = None,
         max_model_len: int | None = None,
         chat_template: str | None = None,
     ) -> None:
@@ -138,7 +142,9 @@ class TransformersEngine:
         if max_model_len is not None:  # what can be told before the model loads
             check_max_model_len(max_model_len)
         template = load_chat_template(chat_template) if chat_template is not None else None
-        if model is None:
+        if (model is None) != (tokenizer is None):
+            raise ValueError("pass model and tokenizer together, or neither")
+        if model is None or tokenizer is None:
             model, tokenizer = load_served_model(model_name)
         elif template is not None:  # others may share the tokenizer passed in
             tokenizer = copy.deepcopy(tokenizer)
@@ -192,8 +198,9 @@ class TransformersEngine:
         echoes = [self._echo(job.prompt, None) for job in jobs if job.echo]
         for i, job in enumerate(jobs):
             stops = job.sampling.stop if job.sampling is not None else ()
-            job.streams = ChoiceStreams(self.tokenizer, job.n, i * job.n, stops,
-                                        job.top_logprobs, put)  # fmt: skip
+            job.streams = ChoiceStreams(
+                self.tokenizer, job.n, i * job.n, stops, job.top_logprobs, put
+            )
             job.top_logprobs, job.echo = None, False  # from the stream, not afterwards
         when_all_done([job.future for job in jobs], put)
         for job in jobs:
@@ -221,10 +228,7 @@ class TransformersEngine:
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
         job = Job("embed", concurrent.futures.Future(), texts=list(texts))
         self.queue.submit(job)
-        return await asyncio.wrap_future(job.future)  # type: ignore[no-any-return]
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return await asyncio.wrap_future(job.future)
 
     def _chat_job(self, request: ChatRequest) -> Job:
         prompt = self._chat_prompt(request)
@@ -269,8 +273,9 @@ class TransformersEngine:
             raise RequestError("prompt", "a token-id prompt is empty", "empty_array")
         vocab = len(self.tokenizer)
         if bad := [t for t in prompt if not 0 <= t < vocab]:
-            raise RequestError("prompt", f"token id {bad[0]} is outside the vocabulary "
-                                         f"(0..{vocab - 1})")  # fmt: skip
+            raise RequestError(
+                "prompt", f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})"
+            )
         return list(prompt)
 
     def _check_length(
@@ -281,13 +286,17 @@ class TransformersEngine:
         if not self.context:
             return
         if max_tokens > self.context:  # no prompt makes it fit
-            message = (f"{max_tokens} is too large: this model supports at most "
-                       f"{self.context} completion tokens (its context length)")  # fmt: skip
+            message = (
+                f"{max_tokens} is too large: this model supports at most "
+                f"{self.context} completion tokens (its context length)"
+            )
             raise RequestError(limit, message, code="invalid_value")
         if len(prompt) + max_tokens > self.context:
             where = param if len(prompt) >= self.context else limit
-            message = (f"{len(prompt)} prompt tokens + {limit} {max_tokens} exceed the "
-                       f"model's context of {self.context} tokens")  # fmt: skip
+            message = (
+                f"{len(prompt)} prompt tokens + {limit} {max_tokens} exceed the "
+                f"model's context of {self.context} tokens"
+            )
             raise RequestError(where, message, code="context_length_exceeded")
 
     # --------------------------------------------------------------------------- worker
@@ -339,8 +348,9 @@ class TransformersEngine:
         pieces = prompt_pieces(self.tokenizer, prompt)
         if top_logprobs is None:
             return PromptEcho("".join(pieces), pieces)
-        scored = score_sequence(self._gen_model, self.tokenizer, prompt, 1, pieces[1:],
-                                top_logprobs)  # fmt: skip
+        scored = score_sequence(
+            self._gen_model, self.tokenizer, prompt, 1, pieces[1:], top_logprobs
+        )
         return PromptEcho("".join(pieces), pieces, (None, *scored))
 
     def _embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -350,8 +360,8 @@ class TransformersEngine:
         rows: list[list[float]] = []
         with torch.no_grad():
             for text in texts:
-                ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
-                ids = ids["input_ids"][:, :2048]
+                tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"][:2048]
+                ids = torch.tensor([tokens], dtype=torch.long)  # [1, T]
                 if ids.shape[1] == 0:
                     ids = torch.tensor([[self.tokenizer.eos_token_id]])
                 out = self._gen_model(input_ids=ids, output_hidden_states=True)
@@ -366,5 +376,10 @@ class TransformersEngine:
 
 def _sampling(request: ChatRequest | CompletionRequest) -> SamplingParams:
     """The sampler's parameters of a chat or completion request."""
-    return SamplingParams(max_new_tokens=request.max_tokens, temperature=request.temperature,
-                          top_p=request.top_p, stop=request.stop, seed=request.seed)  # fmt: skip
+    return SamplingParams(
+        max_new_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        stop=request.stop,
+        seed=request.seed,
+    )

@@ -35,7 +35,12 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rldojo.policy.base import Tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "LOGPROB_FLOOR",
@@ -69,7 +74,7 @@ def _common_prefix_len(a: str, b: str) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def _exact_pieces(tokenizer: Any, token_ids: Sequence[int], text: str) -> tuple[str, ...]:
+def _exact_pieces(tokenizer: Tokenizer, token_ids: Sequence[int], text: str) -> tuple[str, ...]:
     """Token i adds what decode(ids[:i+1]) agrees with `text` beyond decode(ids[:i]).
 
     Quadratic in the completion's length; only used when `_incremental_pieces` disagrees.
@@ -87,7 +92,7 @@ def _exact_pieces(tokenizer: Any, token_ids: Sequence[int], text: str) -> tuple[
 
 
 def _incremental_pieces(
-    tokenizer: Any, token_ids: Sequence[int], *, skip_special: bool = True
+    tokenizer: Tokenizer, token_ids: Sequence[int], *, skip_special: bool = True
 ) -> list[str]:
     """Streaming detokenization over a short window of earlier tokens (linear time).
 
@@ -108,7 +113,7 @@ def _incremental_pieces(
     return pieces
 
 
-def token_pieces(tokenizer: Any, token_ids: Sequence[int], text: str) -> tuple[str, ...]:
+def token_pieces(tokenizer: Tokenizer, token_ids: Sequence[int], text: str) -> tuple[str, ...]:
     """The text each of `token_ids` adds to `text` (the decoded, stop-cut content).
 
     One piece per token; the pieces join to `text` exactly (see the module docstring).
@@ -128,8 +133,8 @@ def token_pieces(tokenizer: Any, token_ids: Sequence[int], text: str) -> tuple[s
 
 
 def score_tokens(
-    model: Any,
-    tokenizer: Any,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
     prompt: Sequence[int],
     token_ids: Sequence[int],
     pieces: Sequence[str],
@@ -144,8 +149,8 @@ def score_tokens(
 
 
 def score_sequence(
-    model: Any,
-    tokenizer: Any,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
     ids: Sequence[int],
     start: int,
     pieces: Sequence[str],
@@ -168,8 +173,8 @@ def score_sequence(
 
 
 def token_entries(
-    tokenizer: Any,
-    logits: Any,
+    tokenizer: Tokenizer,
+    logits: torch.Tensor,
     token_ids: Sequence[int],
     pieces: Sequence[str],
     top_k: int,
@@ -193,7 +198,7 @@ def token_entries(
     return tuple(entries)
 
 
-def prompt_pieces(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, ...]:
+def prompt_pieces(tokenizer: Tokenizer, token_ids: Sequence[int]) -> tuple[str, ...]:
     """The text of each prompt token, special tokens written out (a prompt is echoed as
     it was given); they join to the prompt's decoded text."""
     pieces = _incremental_pieces(tokenizer, token_ids, skip_special=False)
@@ -204,7 +209,7 @@ def prompt_pieces(tokenizer: Any, token_ids: Sequence[int]) -> tuple[str, ...]:
     return tuple(pieces)
 
 
-def _token_names(tokenizer: Any, ids: list[int]) -> dict[int, str]:
+def _token_names(tokenizer: Tokenizer, ids: list[int]) -> dict[int, str]:
     unique = sorted(set(ids))
     if not unique:
         return {}

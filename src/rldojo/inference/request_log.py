@@ -51,9 +51,11 @@ class RequestEntry:
         def shown(value: object) -> str:
             return "-" if value is None else str(value)
 
-        return (f"{self.method} {self.path} {self.status} model={shown(self.model)} "
-                f"prompt_tokens={shown(self.prompt_tokens)} "
-                f"completion_tokens={shown(self.completion_tokens)} {seconds:.3f}s")  # fmt: skip
+        return (
+            f"{self.method} {self.path} {self.status} model={shown(self.model)} "
+            f"prompt_tokens={shown(self.prompt_tokens)} "
+            f"completion_tokens={shown(self.completion_tokens)} {seconds:.3f}s"
+        )
 
 
 def request_entry(request: Request) -> RequestEntry:

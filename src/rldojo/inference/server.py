@@ -124,14 +124,20 @@ def start_server(
     (`TransformersEngine`); `request_log`: gets one line per request (None: none)."""
     sock = bind_port(host, port)
     try:
-        engine = make_engine(model, dtype=dtype, max_batch=max_batch,
-                             max_model_len=max_model_len, chat_template=chat_template)  # fmt: skip
+        engine = make_engine(
+            model,
+            dtype=dtype,
+            max_batch=max_batch,
+            max_model_len=max_model_len,
+            chat_template=chat_template,
+        )
     except BaseException:
         sock.close()
         raise
     try:
-        app = build_app(engine, served_model_name=served_model_name, api_key=api_key,
-                        request_log=request_log)  # fmt: skip
+        app = build_app(
+            engine, served_model_name=served_model_name, api_key=api_key, request_log=request_log
+        )
         server, thread, bound_port = start_in_thread(
             app, host, port, start_timeout_s=start_timeout_s, sock=sock
         )
@@ -159,7 +165,15 @@ def serve_forever(
     """Serve until interrupted (what `rldojo serve` runs); `on_ready` gets the handle
     once the port is bound (port 0 picks a free one). The other options: as for
     `start_server`."""
-    handle = start_server(model, host, port, dtype=dtype, served_model_name=served_model_name,
-                          api_key=api_key, max_model_len=max_model_len,
-                          chat_template=chat_template, request_log=request_log)  # fmt: skip
+    handle = start_server(
+        model,
+        host,
+        port,
+        dtype=dtype,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        max_model_len=max_model_len,
+        chat_template=chat_template,
+        request_log=request_log,
+    )
     run_until_stopped(handle, on_ready)

@@ -91,8 +91,12 @@ async def sse_stream(
             for entry in chunk(event):
                 yield sse(wrap([entry], None))
     except Exception as exc:  # generation failed midway: the status line is long gone
-        error = {"message": f"{type(exc).__name__}: {exc}", "type": "server_error",
-                 "param": None, "code": None}  # fmt: skip
+        error = {
+            "message": f"{type(exc).__name__}: {exc}",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
         yield sse({"error": error})
     else:
         if include_usage:
@@ -137,14 +141,23 @@ def chat_events(
     holds = [_ToolHold() for _ in range(stream.choices)] if tools else []
 
     def wrap(choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
-        out = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-               "model": model, "choices": choices}  # fmt: skip
+        out = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
         return out | {"usage": usage} if include_usage else out
 
     def chunk(event: TokenEvent) -> list[dict[str, Any]]:
         logprobs = logprobs_json([event.logprob]) if event.logprob is not None else None
-        entry: dict[str, Any] = {"index": event.index, "delta": {}, "logprobs": logprobs,
-                                 "finish_reason": event.finish_reason}  # fmt: skip
+        entry: dict[str, Any] = {
+            "index": event.index,
+            "delta": {},
+            "logprobs": logprobs,
+            "finish_reason": event.finish_reason,
+        }
         if event.piece is None:  # no token: the choice only ends
             return [entry]
         if not holds:
@@ -161,8 +174,12 @@ def chat_events(
             return [entry]
         entry["finish_reason"] = None
         deltas = [{"index": j, **call} for j, call in enumerate(calls)]
-        last = {"index": event.index, "delta": {"tool_calls": deltas}, "logprobs": None,
-                "finish_reason": "tool_calls"}  # fmt: skip
+        last = {
+            "index": event.index,
+            "delta": {"tool_calls": deltas},
+            "logprobs": None,
+            "finish_reason": "tool_calls",
+        }
         return [entry, last]
 
     role = [

@@ -19,12 +19,15 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rldojo.inference.logprobs import token_entries
+from rldojo.inference.logprobs import TokenLogprob, token_entries
 from rldojo.inference.protocol import TokenEvent
-from rldojo.policy.base import completion_text
+from rldojo.policy.base import Tokenizer, completion_text
 from rldojo.policy.sampling import DecodeStep, StepHook
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ChoiceStreams", "Put", "TextStream", "releasable", "stream_hook", "when_all_done"]
 
@@ -51,7 +54,7 @@ class TextStream:
     window of earlier tokens, as `rldojo.inference.logprobs.token_pieces` reads a whole
     reply, so the pieces agree with it); `add` returns the text that became final."""
 
-    def __init__(self, tokenizer: Any, holds: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, holds: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.holds = tuple(holds)
         self.ids: list[int] = []
@@ -97,7 +100,7 @@ class ChoiceStreams:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         n: int,
         first_index: int,
         stops: tuple[str, ...],
@@ -113,7 +116,11 @@ class ChoiceStreams:
         self.ended = [False] * n
 
     def on_tokens(
-        self, choices: list[int], tokens: list[int], logits: Any, finished: list[str | None]
+        self,
+        choices: list[int],
+        tokens: list[int],
+        logits: torch.Tensor,
+        finished: Sequence[str | None],
     ) -> None:
         """One decode step of some of the choices: `choices[i]` sampled `tokens[i]` from
         `logits[i]` ([k, V]), and ended with `finished[i]` (None: goes on)."""
@@ -125,7 +132,7 @@ class ChoiceStreams:
                 piece += text.finish(completion_text(self.tokenizer, text.ids, self.stops))
                 self.ended[choice] = True
             pieces.append(piece)
-        entries: Sequence[Any] = [None] * len(tokens)
+        entries: Sequence[TokenLogprob | None] = [None] * len(tokens)
         if self.top_logprobs is not None:
             entries = token_entries(self.tokenizer, logits, tokens, pieces, self.top_logprobs)
         for choice, piece, entry, reason in zip(choices, pieces, entries, finished, strict=True):

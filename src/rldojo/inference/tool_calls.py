@@ -100,7 +100,7 @@ def _decode(body: str) -> Any:
     raise ValueError("not valid JSON")
 
 
-def _as_call(obj: Any, raw: str) -> ToolCall | ProtocolError:
+def _as_call(obj: object, raw: str) -> ToolCall | ProtocolError:
     shape = 'expected {"name": "<tool>", "arguments": {...}}'
     if not isinstance(obj, dict):
         return ProtocolError("malformed", f"tool call is a {type(obj).__name__}; {shape}", raw)
@@ -139,7 +139,10 @@ def parse_turn(text: str, *, max_calls: int = 8) -> ParsedTurn:
             continue
         for obj in decoded if isinstance(decoded, list) else [decoded]:
             parsed = _as_call(obj, raw)
-            (calls if isinstance(parsed, ToolCall) else errors).append(parsed)  # type: ignore[arg-type]
+            if isinstance(parsed, ToolCall):
+                calls.append(parsed)
+            else:
+                errors.append(parsed)
     if len(calls) > max_calls:
         extra = len(calls) - max_calls
         errors.append(

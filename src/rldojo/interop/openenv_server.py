@@ -116,10 +116,16 @@ class RldojoState(State):
 
 def _observation(reply: Reply) -> RldojoObservation:
     return RldojoObservation(
-        messages=reply.messages, status=reply.status, error=reply.error, task_id=reply.task_id,
-        tools=reply.tools, score=reply.score, info=reply.info, done=reply.done,
+        messages=reply.messages,
+        status=reply.status,
+        error=reply.error,
+        task_id=reply.task_id,
+        tools=reply.tools,
+        score=reply.score,
+        info=reply.info,
+        done=reply.done,
         reward=reply.reward,
-    )  # fmt: skip
+    )
 
 
 def _run_blocking(coro: Coroutine[Any, Any, T]) -> T:
@@ -153,7 +159,7 @@ class RldojoEnvironment(Environment[RldojoAction, RldojoObservation, RldojoState
         self._episode_id = ""
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def reset_async(  # type: ignore[override]
+    async def reset_async(
         self,
         seed: int | None = None,
         episode_id: str | None = None,
@@ -169,18 +175,18 @@ class RldojoEnvironment(Environment[RldojoAction, RldojoObservation, RldojoState
         reply = await self.episode.reset(seed=seed, split=split, index=index, task=task)
         return _observation(reply)
 
-    async def step_async(  # type: ignore[override]
+    async def step_async(
         self, action: RldojoAction, timeout_s: float | None = None, **_ignored: Any
     ) -> RldojoObservation:
         """Play one assistant turn (`timeout_s` is ignored: the server's bound applies)."""
         return _observation(await self.episode.step(action.text()))
 
-    def reset(  # type: ignore[override]
+    def reset(
         self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
     ) -> RldojoObservation:
         return _run_blocking(self.reset_async(seed, episode_id, **kwargs))
 
-    def step(  # type: ignore[override]
+    def step(
         self, action: RldojoAction, timeout_s: float | None = None, **kwargs: Any
     ) -> RldojoObservation:
         return _run_blocking(self.step_async(action, timeout_s))
@@ -189,9 +195,14 @@ class RldojoEnvironment(Environment[RldojoAction, RldojoObservation, RldojoState
     def state(self) -> RldojoState:
         ep = self.episode
         return RldojoState(
-            episode_id=self._episode_id or None, step_count=ep.turns, env_id=self.spec.env_id,
-            task_id=ep.task.id if ep.task else "", turns=ep.turns, done=ep.done, status=ep.status,
-        )  # fmt: skip
+            episode_id=self._episode_id or None,
+            step_count=ep.turns,
+            env_id=self.spec.env_id,
+            task_id=ep.task.id if ep.task else "",
+            turns=ep.turns,
+            done=ep.done,
+            status=ep.status,
+        )
 
     def close(self) -> None:
         """Close the episode's environment on the loop it ran on: OpenEnv calls this from
@@ -249,7 +260,7 @@ def build_app(spec: ServedEnvSpec, *, max_sessions: int = 64) -> Any:
     book.tasks("train")
     factory: Callable[[], RldojoEnvironment] = partial(RldojoEnvironment, spec, book)
     return create_app(
-        factory,  # type: ignore[arg-type]
+        factory,
         RldojoAction,
         RldojoObservation,
         env_name=spec.env_id,
@@ -263,8 +274,9 @@ def start_env_server(
 ) -> AppHandle:
     """Serve `spec` in a daemon thread; returns once it listens (port 0: a free port). The
     port is bound first, so a port in use fails before the environment is built."""
-    return start_app(lambda: build_app(spec, max_sessions=max_sessions), host, port,
-                     name="rldojo-env-serve")  # fmt: skip
+    return start_app(
+        lambda: build_app(spec, max_sessions=max_sessions), host, port, name="rldojo-env-serve"
+    )
 
 
 def serve_env_forever(

@@ -64,7 +64,7 @@ class ServedEnvSpec:
         return build_env(self.env_id, resolve_factory(self.env_id), dict(self.kwargs))
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: object) -> Any:
     """`value` as plain JSON data (anything JSON cannot hold becomes its `str`)."""
     return json.loads(json.dumps(value, default=str))
 
@@ -237,17 +237,28 @@ class ServedEpisode:
     def _graded(self, score: Score, truncated: bool) -> Reply:
         assert self.task is not None
         summary = json_safe(
-            {"value": score.value, "status": score.status,
-             "components": dict(score.components), "explanation": score.explanation}
-        )  # fmt: skip
+            {
+                "value": score.value,
+                "status": score.status,
+                "components": dict(score.components),
+                "explanation": score.explanation,
+            }
+        )
         info = json_safe(self.info)
         if not score.ok:
             self.status = f"grade_{score.status}"
-            return Reply([], True, None, self.status, score.explanation, self.task.id,
-                         score=summary, info=info)  # fmt: skip
+            return Reply(
+                [],
+                True,
+                None,
+                self.status,
+                score.explanation,
+                self.task.id,
+                score=summary,
+                info=info,
+            )
         self.status = "truncated" if truncated else "ok"
-        return Reply([], True, score.value, self.status, "", self.task.id, score=summary,
-                     info=info)  # fmt: skip
+        return Reply([], True, score.value, self.status, "", self.task.id, score=summary, info=info)
 
     def _failed(self, exc: BaseException, what: str) -> Reply:
         if isinstance(exc, TimeoutError):

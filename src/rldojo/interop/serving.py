@@ -6,9 +6,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rldojo.asgi import PortInUseError, bind_port, run_until_stopped, start_in_thread
+
+if TYPE_CHECKING:
+    import uvicorn
 
 __all__ = ["AppHandle", "PortInUseError", "run_until_stopped", "start_app"]
 
@@ -19,7 +22,7 @@ class AppHandle:
 
     host: str
     port: int
-    _server: Any
+    _server: uvicorn.Server
     _thread: threading.Thread
 
     @property
@@ -39,9 +42,13 @@ class AppHandle:
 
 
 def start_app(
-    make_app: Callable[[], Any], host: str = "127.0.0.1", port: int = 0, *,
-    name: str = "rldojo-app", start_timeout_s: float = 60.0,
-) -> AppHandle:  # fmt: skip
+    make_app: Callable[[], Any],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    name: str = "rldojo-app",
+    start_timeout_s: float = 60.0,
+) -> AppHandle:
     """Bind the port, build the app (`make_app`: a port in use costs no build), serve it
     in a daemon thread, and return once uvicorn listens."""
     sock = bind_port(host, port)
@@ -50,6 +57,7 @@ def start_app(
     except BaseException:
         sock.close()
         raise
-    server, thread, bound = start_in_thread(app, host, port, start_timeout_s=start_timeout_s,
-                                            name=name, sock=sock, lifespan="auto")  # fmt: skip
+    server, thread, bound = start_in_thread(
+        app, host, port, start_timeout_s=start_timeout_s, name=name, sock=sock, lifespan="auto"
+    )
     return AppHandle(host, bound, server, thread)

@@ -88,7 +88,7 @@ class ServedToolEnv:
         self.task_id, self.turns, self.status = "", 0, "ok"
         self.done, self.reward = True, None
 
-    def reset(self, **row: Any) -> str:
+    def reset(self, **row: object) -> str:
         """Start an episode on the row's task, index or seed (else the factory's next
         seed); the opening conversation as text. `ValueError` when the server refuses."""
         result = self._client.reset(**self._factory.reset_fields(row))
@@ -180,7 +180,7 @@ def tool_method(schema: Mapping[str, Any]) -> Callable[..., str]:
             )
         )
 
-    def method(self: ServedToolEnv, **arguments: Any) -> str:
+    def method(self: ServedToolEnv, **arguments: object) -> str:
         return self._call_tool(name, arguments)
 
     method.__name__ = method.__qualname__ = name
@@ -242,7 +242,7 @@ def served_env_factory(url: str, *, split: str = "train", first_seed: int = 0) -
     return ServedEnvFactory(url, split=split, first_seed=first_seed)
 
 
-def _final_text(completion: Any) -> str:
+def _final_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
     """The closing turn of a TRL completion: its last message when that is an assistant
     message without tool calls (else the rollout stopped on a call: an empty turn)."""
     if isinstance(completion, str):
@@ -257,7 +257,9 @@ def _final_text(completion: Any) -> str:
 
 
 def served_reward(
-    completions: Sequence[Any], environments: Sequence[Any], **_: Any
+    completions: Sequence[str | Sequence[Mapping[str, Any]]],
+    environments: Sequence[object],
+    **_: object,
 ) -> list[float | None]:
     """TRL reward function: each rollout's closing turn played on its served episode, and
     the grader's score (None for a failed or unfinished episode, or another env's)."""

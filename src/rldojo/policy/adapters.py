@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rldojo.policy.base import Tokenizer
 from rldojo.types import Completion, Message, SamplingParams
 
 _MSG, _ROLE_END, _MSG_END = 256, 257, 258
@@ -53,7 +54,7 @@ class TextPolicy:
     splice environment turns between policy turns. Completions carry no log-probs.
     """
 
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
 
     def __init__(self, complete: ChatFunction) -> None:
         self.version = 0

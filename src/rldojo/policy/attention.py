@@ -20,9 +20,12 @@ use "sdpa" to it; a model with another attention (eager, flash) is left as it is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 SAFE_SDPA = "rldojo_sdpa"
 
@@ -48,7 +51,7 @@ def register_safe_sdpa() -> None:
     AttentionMaskInterface.register(SAFE_SDPA, safe_sdpa_mask)
 
 
-def use_safe_sdpa(model: Any) -> None:
+def use_safe_sdpa(model: PreTrainedModel) -> None:
     """Switch `model` from "sdpa" to `SAFE_SDPA` (any other attention is left alone)."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa":

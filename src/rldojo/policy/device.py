@@ -9,8 +9,6 @@ of the spec and what CUDA reports (`cuda_count`), so it is tested without a GPU.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from rldojo.config import ConfigError
@@ -41,16 +39,20 @@ def resolve_device(spec: str = "auto", *, cuda_count: int | None = None) -> torc
     if spec == "cuda" or spec.startswith("cuda:"):
         index = 0 if spec == "cuda" else int(spec.split(":", 1)[1])
         if count == 0:
-            raise ConfigError(f"run.device: {spec!r} asked for, but {cuda_unavailable_reason()}"
-                              " (use run.device=\"auto\" or \"cpu\")")  # fmt: skip
+            raise ConfigError(
+                f"run.device: {spec!r} asked for, but {cuda_unavailable_reason()}"
+                ' (use run.device="auto" or "cpu")'
+            )
         if index >= count:
-            raise ConfigError(f"run.device: {spec!r} asked for, but this machine has "
-                              f"{count} CUDA device(s) (cuda:0..cuda:{count - 1})")  # fmt: skip
+            raise ConfigError(
+                f"run.device: {spec!r} asked for, but this machine has "
+                f"{count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+            )
         return torch.device("cuda", index)
     raise ConfigError(f"run.device: {spec!r} is not auto, cpu, cuda or cuda:N")
 
 
-def model_device(model: Any) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
     """The device of a model's first parameter (CPU for a model without parameters)."""
     try:
         return next(model.parameters()).device

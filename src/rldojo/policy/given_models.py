@@ -18,14 +18,19 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from rldojo.policy.base import Tokenizer
 
 __all__ = ["PREFIX", "given_model", "is_given", "model_id", "register_model"]
 
 PREFIX = "object:"
 """What the `model.name` of a run on a given model starts with."""
 
-_MODELS: dict[str, tuple[Any, Any]] = {}
+_MODELS: dict[str, tuple[PreTrainedModel, Tokenizer]] = {}
 
 
 def is_given(name: str) -> bool:
@@ -33,7 +38,7 @@ def is_given(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
-def model_id(model: Any) -> str:
+def model_id(model: PreTrainedModel) -> str:
     """`object:NAME.DIGEST`: NAME the last part of the model's `name_or_path` (else its
     class), DIGEST a digest of its class, `name_or_path` and config."""
     cls = type(model).__qualname__
@@ -44,14 +49,14 @@ def model_id(model: Any) -> str:
     return f"{PREFIX}{slug or cls}.{hashlib.sha256(data.encode()).hexdigest()[:12]}"
 
 
-def register_model(model: Any, tokenizer: Any) -> str:
+def register_model(model: PreTrainedModel, tokenizer: Tokenizer) -> str:
     """Keep `(model, tokenizer)` in this process; the id a config names them by."""
     name = model_id(model)
     _MODELS[name] = (model, tokenizer)
     return name
 
 
-def given_model(name: str) -> tuple[Any, Any] | None:
+def given_model(name: str) -> tuple[PreTrainedModel, Tokenizer] | None:
     """`(model, tokenizer)` registered under `name` (the objects themselves); None when
     this process has registered none."""
     return _MODELS.get(name)

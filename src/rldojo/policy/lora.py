@@ -22,20 +22,25 @@ import copy
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, cast
 
+import torch
 from pydantic import ValidationError
 
 from rldojo.config import ConfigError, ConfigValueError, LoraSection
 from rldojo.config.base import format_error
 
 if TYPE_CHECKING:
-    from peft import LoraConfig
+    from peft import LoraConfig, PeftModel
+    from transformers import PreTrainedModel
+
+    from rldojo.policy.base import Tokenizer
 
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def _peft() -> Any:
+def _peft() -> ModuleType:
     try:
         import peft
     except ImportError:
@@ -53,22 +58,28 @@ def is_adapter_dir(path: Path) -> bool:
     return (path / ADAPTER_CONFIG).exists()
 
 
-def is_peft_model(model: Any) -> bool:
+def is_peft_model(model: object) -> TypeGuard[PeftModel]:
+    """Whether `model` is wrapped in LoRA adapters (a `peft` model)."""
     return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
 
 
-def add_lora(model: Any, lora: LoraSection, base_name: str) -> Any:
+def add_lora(model: PreTrainedModel, lora: LoraSection, base_name: str) -> PeftModel:
     """Wrap `model` with fresh adapters (B = 0: the policy starts equal to the base)."""
     peft = _peft()
     _check_layers(lora.layers, model.config.num_hidden_layers, base_name)
-    targets = lora.target_modules if isinstance(lora.target_modules, str) else list(
-        lora.target_modules)  # fmt: skip
+    targets = (
+        lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    )
     config = peft.LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=targets, task_type="CAUSAL_LM", bias="none",
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        bias="none",
         layers_to_transform=lora.layers,
-    )  # fmt: skip
-    wrapped = peft.get_peft_model(model, config)
+    )
+    wrapped: PeftModel = peft.get_peft_model(model, config)
     wrapped.peft_config["default"].base_model_name_or_path = base_name
     return wrapped
 
@@ -87,13 +98,16 @@ def _check_layers(layers: list[int] | None, count: int, base_name: str) -> None:
         )
 
 
-def load_adapter(base: Any, adapter_dir: Path, *, trainable: bool = True) -> Any:
+def load_adapter(base: torch.nn.Module, adapter_dir: Path, *, trainable: bool = True) -> PeftModel:
     """The base model with the adapter saved in `adapter_dir` (trainable to resume)."""
     peft = _peft()
-    return peft.PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+    model: PeftModel = peft.PeftModel.from_pretrained(
+        base, str(adapter_dir), is_trainable=trainable
+    )
+    return model
 
 
-def load_merged(adapter_dir: Path) -> tuple[Any, Any]:
+def load_merged(adapter_dir: Path) -> tuple[torch.nn.Module, Tokenizer]:
     """`(model, tokenizer)`: the adapter in `adapter_dir` loaded onto its base and merged
     into it, a plain model to sample from (`rldojo eval` of a LoRA checkpoint)."""
     from rldojo.policy.given_models import is_given
@@ -103,7 +117,7 @@ def load_merged(adapter_dir: Path) -> tuple[Any, Any]:
     base, tokenizer = load_model(name)
     if is_given(name):  # a model object given to the run: it is left as it is
         base = copy.deepcopy(base)
-    return load_adapter(base, adapter_dir, trainable=False).merge_and_unload(), tokenizer
+    return merged(load_adapter(base, adapter_dir, trainable=False)), tokenizer
 
 
 def adapter_base_name(adapter_dir: Path) -> str:
@@ -116,18 +130,39 @@ def adapter_base_name(adapter_dir: Path) -> str:
     return str(name)
 
 
-def trainable_parameters(model: Any) -> list[Any]:
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters the optimizer updates (the adapters under LoRA; all otherwise)."""
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def merged_copy(model: Any) -> Any:
+def merged(model: PeftModel) -> PreTrainedModel:
+    """The plain transformers model under `model`, its adapters merged into its weights
+    (peft's `merge_and_unload`: `model` gives up its base)."""
+    plain: PreTrainedModel = model.merge_and_unload()
+    return plain
+
+
+def merged_copy(model: PeftModel) -> PreTrainedModel:
     """A plain transformers model (no adapter modules) shaped like `model` with its
     adapters merged; `model` is left as it is."""
-    return copy.deepcopy(model).merge_and_unload()
+    return merged(copy.deepcopy(model))
 
 
-def merged_parameters(model: Any) -> Iterator[tuple[str, Any]]:
+class _LoraLayer(Protocol):
+    """What `merged_parameters` reads of a layer peft adapted (its `Linear`, `Embedding`...)."""
+
+    lora_A: torch.nn.ModuleDict
+    merged_adapters: list[str]
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
+
+
+def base_of(model: PeftModel) -> PreTrainedModel:
+    """The transformers model under `model`'s adapters (peft types it as any module)."""
+    return cast("PreTrainedModel", model.get_base_model())
+
+
+def merged_parameters(model: PeftModel) -> Iterator[tuple[str, torch.Tensor]]:
     """The parameters of `merged_copy(model)`, by name, computed from the live `model`
     without changing it: an adapted layer's weight is its base weight plus peft's delta
     (B A scaled by alpha / r) of each active adapter not merged into it already; every
@@ -144,19 +179,23 @@ def merged_parameters(model: Any) -> Iterator[tuple[str, Any]]:
         if leaf != "weight":
             yield f"{owner}.{leaf}", param
             continue
-        layer = net.get_submodule(owner)
-        weight = param
+        layer = cast(_LoraLayer, net.get_submodule(owner))
+        weight: torch.Tensor = param
         for adapter in active:
             if adapter in layer.lora_A and adapter not in layer.merged_adapters:
                 weight = weight + layer.get_delta_weight(adapter)
         yield f"{owner}.weight", weight
 
 
-def merge_and_export(model: Any, tokenizer: Any, out: Path) -> Path:
+def merge_and_export(model: torch.nn.Module, tokenizer: Tokenizer, out: Path) -> Path:
     """Fold the adapters into the base weights and write a plain HF model directory."""
-    merged = model.merge_and_unload() if is_peft_model(model) else model
+    from transformers import PreTrainedModel
+
+    plain = merged(model) if is_peft_model(model) else model
+    if not isinstance(plain, PreTrainedModel):
+        raise ConfigError(f"{type(plain).__name__}: not a transformers model, cannot export")
     out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(out, safe_serialization=True)
+    plain.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
 
@@ -171,14 +210,15 @@ def export_checkpoint(checkpoint: Path, out: Path, *, merge: bool) -> Path:
         raise ConfigError(f"{out}: exists and is not empty")
     if is_adapter_dir(checkpoint):
         if not merge:
-            raise ConfigError(f"{checkpoint}: a LoRA adapter; pass --merge to fold it into "
-                              "its base (or load it with PeftModel.from_pretrained)")  # fmt: skip
+            raise ConfigError(
+                f"{checkpoint}: a LoRA adapter; pass --merge to fold it into "
+                "its base (or load it with PeftModel.from_pretrained)"
+            )
         model, tokenizer = load_merged(checkpoint)
     elif (checkpoint / "config.json").exists():
         model, tokenizer = load_model(str(checkpoint))
     else:
-        raise ConfigError(f"{checkpoint}: not a checkpoint (no adapter_config.json or "
-                          "config.json)")  # fmt: skip
+        raise ConfigError(f"{checkpoint}: not a checkpoint (no adapter_config.json or config.json)")
     return merge_and_export(model, tokenizer, out)
 
 
@@ -198,11 +238,14 @@ def lora_section(config: LoraConfig) -> LoraSection:
     field away from its default is a `ConfigValueError` naming it, never dropped."""
     peft = _peft()
     if not isinstance(config, peft.LoraConfig):
-        raise ConfigValueError(f"peft_config: expected a peft.LoraConfig, got "
-                               f"{type(config).__name__}")  # fmt: skip
+        raise ConfigValueError(
+            f"peft_config: expected a peft.LoraConfig, got {type(config).__name__}"
+        )
     if config.task_type not in (None, "CAUSAL_LM"):
-        raise ConfigValueError(f"peft_config.task_type: {config.task_type!r}; rldojo trains "
-                               "causal language models (CAUSAL_LM)")  # fmt: skip
+        raise ConfigValueError(
+            f"peft_config.task_type: {config.task_type!r}; rldojo trains "
+            "causal language models (CAUSAL_LM)"
+        )
     default = peft.LoraConfig()
     for field in dataclasses.fields(config):
         name = field.name
@@ -210,14 +253,21 @@ def lora_section(config: LoraConfig) -> LoraSection:
             continue
         value = getattr(config, name)
         if value != getattr(default, name):
-            raise ConfigValueError(f"peft_config.{name}: {value!r} has no model.lora key in "
-                                   f"rldojo; leave it at {getattr(default, name)!r}")  # fmt: skip
-    section: dict[str, Any] = {"r": config.r, "alpha": config.lora_alpha,
-                               "dropout": config.lora_dropout}  # fmt: skip
+            raise ConfigValueError(
+                f"peft_config.{name}: {value!r} has no model.lora key in "
+                f"rldojo; leave it at {getattr(default, name)!r}"
+            )
+    section: dict[str, Any] = {
+        "r": config.r,
+        "alpha": config.lora_alpha,
+        "dropout": config.lora_dropout,
+    }
     targets = config.target_modules
     if isinstance(targets, str) and targets != "all-linear":
-        raise ConfigValueError(f"peft_config.target_modules: {targets!r} (a regular "
-                               "expression); give module names or 'all-linear'")  # fmt: skip
+        raise ConfigValueError(
+            f"peft_config.target_modules: {targets!r} (a regular "
+            "expression); give module names or 'all-linear'"
+        )
     if targets is not None:
         section["target_modules"] = targets if isinstance(targets, str) else sorted(targets)
     layers = config.layers_to_transform
@@ -226,5 +276,6 @@ def lora_section(config: LoraConfig) -> LoraSection:
     try:
         return LoraSection.model_validate(section)
     except ValidationError as exc:  # e.g. a dropout of 1 or more
-        raise ConfigValueError(format_error("peft_config (as model.lora)", exc, LoraSection)) \
-            from None  # fmt: skip
+        raise ConfigValueError(
+            format_error("peft_config (as model.lora)", exc, LoraSection)
+        ) from None

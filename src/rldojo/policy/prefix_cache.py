@@ -45,7 +45,7 @@ class Entry:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
-def weights_fingerprint(model: Any, version: int) -> tuple[Any, ...]:
+def weights_fingerprint(model: torch.nn.Module, version: int) -> tuple[object, ...]:
     """Changes whenever a parameter of `model` changes: in-place updates bump a tensor's
     version counter (`Tensor._version`, what autograd checks), replacement changes its
     identity or storage; `version` is the policy's own count of `update_weights` calls."""
@@ -57,7 +57,7 @@ class PrefixCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._fingerprint: tuple[Any, ...] | None = None
+        self._fingerprint: tuple[object, ...] | None = None
         # token sequence -> (its KV, how many rows ended with it: each continues once)
         self._serving: dict[tuple[int, ...], tuple[Entry, int]] = {}  # the previous call's
         self._stored: dict[tuple[int, ...], tuple[Entry, int]] = {}  # this call's
@@ -65,7 +65,7 @@ class PrefixCache:
         self.reused_tokens = 0  # over the cache's life, for tests and benchmarks
         self.prompt_tokens = 0
 
-    def begin(self, fingerprint: tuple[Any, ...]) -> None:
+    def begin(self, fingerprint: tuple[object, ...]) -> None:
         """A `generate` call starts: the last call's entries serve it (none if the weights
         changed since)."""
         self._serving = self._stored if fingerprint == self._fingerprint else {}
@@ -95,8 +95,9 @@ class PrefixCache:
 
     def store(self, tokens: Sequence[int], entry: Entry) -> None:
         if entry.length != len(tokens):
-            raise ValueError(f"prefix cache: {entry.length} cached positions for "
-                             f"{len(tokens)} tokens")  # fmt: skip
+            raise ValueError(
+                f"prefix cache: {entry.length} cached positions for {len(tokens)} tokens"
+            )
         key = tuple(tokens)
         if key in self._stored:  # the same conversation in another row
             kept, rows = self._stored[key]
@@ -106,8 +107,9 @@ class PrefixCache:
             self._stored_bytes += entry.nbytes
 
 
-def store_rows(prefix: PrefixCache, cache: DynamicCache, mask: torch.Tensor,
-               rows: dict[int, list[int]]) -> None:  # fmt: skip
+def store_rows(
+    prefix: PrefixCache, cache: DynamicCache, mask: torch.Tensor, rows: dict[int, list[int]]
+) -> None:
     """Store batch row i's keys and values (its real columns of `mask`, `[B, L]`) under
     `rows[i]`, the tokens they were computed from; nothing if the cache is not `joinable`."""
     if joinable(cache):

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from rldojo.policy.base import Tokenizer
 from rldojo.policy.device import model_device
 from rldojo.policy.models import cache_kwargs
 from rldojo.policy.prefix_cache import (
@@ -43,7 +43,7 @@ from rldojo.policy.prefix_cache import (
     store_rows,
 )
 from rldojo.policy.token_choice import row_generators, sample_next
-from rldojo.types import SamplingParams
+from rldojo.types import FinishReason, SamplingParams
 
 
 @dataclass
@@ -51,7 +51,7 @@ class SampledBatch:
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     entropies: list[list[float]]
-    finish_reasons: list[str]
+    finish_reasons: list[FinishReason]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class DecodeStep:
     """The token sampled for each row."""
     logits: torch.Tensor  # [B, V]
     """The raw next-token logits each row's token was sampled from (before temperature)."""
-    finished: list[str | None]
+    finished: list[FinishReason | None]
     """Per row: `stop` or `length` when this token ended it, else None."""
 
     @staticmethod
@@ -106,7 +106,7 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 MIN_SHARED_PREFIX = 4
 
 
-def _hits_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> bool:
+def _hits_stop(tokenizer: Tokenizer, tokens: list[int], stops: tuple[str, ...]) -> bool:
     tail = tokenizer.decode(tokens[-8:], skip_special_tokens=False)
     return any(s in tail for s in stops)
 
@@ -121,7 +121,9 @@ def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def _prefill(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int) -> _Running:
+def _prefill(
+    model: torch.nn.Module, prompts: list[list[int]], rows: list[int], pad_id: int
+) -> _Running:
     """Run the prompts through the model, each distinct prompt once.
 
     Identical prompts (a GRPO group's G samples) are prefilled once and their cache rows
@@ -164,8 +166,9 @@ def _prefill(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int)
     return _Running(cache, mask, positions[:, -1] + 1, logits, rows)
 
 
-def _prefill_cached(model: Any, prompts: list[list[int]], hits: dict[int, Entry],
-                    pad_id: int) -> _Running:  # fmt: skip
+def _prefill_cached(
+    model: torch.nn.Module, prompts: list[list[int]], hits: dict[int, Entry], pad_id: int
+) -> _Running:
     """Prompts whose start has cached keys and values (`rldojo.policy.prefix_cache`):
     only the rest of each is run through the model, after its left-padded past."""
     rows = list(hits)
@@ -186,8 +189,13 @@ def _prefill_cached(model: Any, prompts: list[list[int]], hits: dict[int, Entry]
     return _Running(cache, mask, positions[:, -1] + 1, out.logits[:, -1], rows)
 
 
-def _prefill_rows(model: Any, prompts: list[list[int]], rows: list[int], pad_id: int,
-                  prefix: PrefixCache | None) -> _Running:  # fmt: skip
+def _prefill_rows(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    rows: list[int],
+    pad_id: int,
+    prefix: PrefixCache | None,
+) -> _Running:
     """Prefill `rows`: those with a cached start from it, the others in full."""
     hits = {}
     if prefix is not None:
@@ -241,7 +249,7 @@ def _keep_rows(run: _Running, keep: list[int]) -> None:
             layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
 
-def _decode_step(model: Any, run: _Running, token: torch.Tensor) -> None:
+def _decode_step(model: torch.nn.Module, run: _Running, token: torch.Tensor) -> None:
     """Feed one sampled token per row; refresh `run.logits`."""
     ones = torch.ones(len(run.rows), 1, dtype=run.mask.dtype, device=run.mask.device)
     run.mask = torch.cat([run.mask, ones], dim=1)  # [B, L + 1]
@@ -256,6 +264,11 @@ def _decode_step(model: Any, run: _Running, token: torch.Tensor) -> None:
     run.logits = out.logits[:, -1]  # [B, V]
 
 
+def _pad_id(tokenizer: Tokenizer, eos_ids: set[int]) -> int:
+    """The padding id (a tokenizer without one pads with an end id: the mask hides it)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+
+
 def _refill_size(live: int, pending: int, cap: int, refill_at: int, can_join: bool) -> int:
     """How many pending prompts to prefill now (0: keep decoding)."""
     free = cap - live
@@ -268,8 +281,8 @@ def _refill_size(live: int, pending: int, cap: int, refill_at: int, can_join: bo
 
 @torch.no_grad()
 def sample(
-    model: Any,
-    tokenizer: Any,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
     prompts: list[list[int]],
     params: SamplingParams,
     eos_ids: set[int],
@@ -293,8 +306,9 @@ def sample(
     if cap < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     refill_at = max(1, cap // 4) if refill_at is None else max(1, min(refill_at, cap))
-    result = SampledBatch([[] for _ in range(n)], [[] for _ in range(n)],
-                          [[] for _ in range(n)], ["length"] * n)  # fmt: skip
+    result = SampledBatch(
+        [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n
+    )
     if n == 0 or params.max_new_tokens <= 0:
         return result
     generators = row_generators(params.seed, n)
@@ -306,7 +320,7 @@ def sample(
         take = _refill_size(live, n - pending, cap, refill_at, can_join)
         if take:
             rows = list(range(pending, pending + take))
-            new = _prefill_rows(model, prompts, rows, tokenizer.pad_token_id, prefix_cache)
+            new = _prefill_rows(model, prompts, rows, _pad_id(tokenizer, eos_ids), prefix_cache)
             run = new if run is None else _join(run, new)
             pending += take
         if run is None:
@@ -335,7 +349,7 @@ def _record(
     token: torch.Tensor,
     logp: torch.Tensor,
     ent: torch.Tensor,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     params: SamplingParams,
     eos_ids: set[int],
 ) -> list[int]:

@@ -29,15 +29,18 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rldojo.policy import lora
-from rldojo.policy.base import chat_template_ids, completion_text, stop_ids
+from rldojo.policy.base import Tokenizer, chat_template_ids, completion_text, stop_ids
 from rldojo.policy.prefix_cache import PrefixCache, weights_fingerprint
 from rldojo.policy.sampling import StepHook, sample
 from rldojo.types import Completion, Message, SamplingParams
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 # Rows decoded at once. On 2 cores in bf16, 64 rows in one batch give ~2x the tokens/s of
 # 16 slots (benchmarks/results/continuous_batching.json), so keep the slots wide.
@@ -49,8 +52,8 @@ class TransformersPolicy:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
         *,
         generation_dtype: torch.dtype | str | None = "auto",
         max_batch: int | None = None,
@@ -85,29 +88,39 @@ class TransformersPolicy:
         train_dtype = next(model.parameters()).dtype
         if isinstance(generation_dtype, str):
             if generation_dtype != "auto":
-                raise ValueError(f"generation_dtype must be a torch dtype or 'auto', got "
-                                 f"{generation_dtype!r}")  # fmt: skip
+                raise ValueError(
+                    f"generation_dtype must be a torch dtype or 'auto', got {generation_dtype!r}"
+                )
             from rldojo.hardware import resolve_precision
 
             generation_dtype = resolve_precision(autocast_bf16=False).torch_generation_dtype()
         same_dtype = generation_dtype is None or generation_dtype == train_dtype
         self._transient = transient_copy and not same_dtype and not separate_copy
-        self._merged = self._transient and merge_lora and lora.is_peft_model(model)
+        # the LoRA model whose merged weights a transient copy holds (None: no merging)
+        self._merged = (
+            model if self._transient and merge_lora and lora.is_peft_model(model) else None
+        )
         if same_dtype and not separate_copy:
             self._gen_model = model
         else:
-            plain = lora.merged_copy(model) if self._merged else copy.deepcopy(model)
+            plain: torch.nn.Module = (
+                lora.merged_copy(self._merged) if self._merged is not None else copy.deepcopy(model)
+            )
             self._gen_model = plain.to(generation_dtype or train_dtype)
-        if self._merged:
-            with torch.no_grad():
-                names = {name for name, _ in lora.merged_parameters(model)}
-            if names != {name for name, _ in self._gen_model.named_parameters()}:
-                raise RuntimeError("LoRA: the merged weights do not name the plain model's")
+        if self._merged is not None:
+            self._check_merged_names(self._merged)
         if self._transient:
             self._drop_weights()
         self._gen_model.eval()
         self.eos_ids = stop_ids(tokenizer)
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb else None
+
+    def _check_merged_names(self, model: PeftModel) -> None:
+        """The merged weights of `model` name the plain copy's parameters, one for one."""
+        with torch.no_grad():
+            names = {name for name, _ in lora.merged_parameters(model)}
+        if names != {name for name, _ in self._gen_model.named_parameters()}:
+            raise RuntimeError("LoRA: the merged weights do not name the plain model's")
 
     def encode_chat(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
@@ -138,8 +151,8 @@ class TransformersPolicy:
         sampler's dtype one tensor at a time."""
         target = dict(self._gen_model.named_parameters())
         with torch.no_grad():
-            if self._merged:
-                source = lora.merged_parameters(self._train_model)
+            if self._merged is not None:
+                source = lora.merged_parameters(self._merged)
             else:
                 source = self._train_model.named_parameters()
             for name, tensor in source:
@@ -154,7 +167,7 @@ class TransformersPolicy:
         self,
         prompts: Sequence[Sequence[int]],
         sampling: SamplingParams,
-        weights: Any,
+        weights: torch.nn.Module,
         on_step: StepHook | None = None,
     ) -> list[Completion]:
         """Sample with the generation model; `weights`: the model whose parameters it
@@ -184,7 +197,7 @@ class TransformersPolicy:
         )
         for ids, lps, ents, reason in rows:
             text = completion_text(self.tokenizer, ids, sampling.stop)
-            results.append(Completion(text, tuple(ids), tuple(lps), reason, tuple(ents)))  # type: ignore[arg-type]
+            results.append(Completion(text, tuple(ids), tuple(lps), reason, tuple(ents)))
         return results
 
     def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:

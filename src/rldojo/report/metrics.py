@@ -91,7 +91,7 @@ def split_values(
     return scalars, texts
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if hasattr(value, "item"):

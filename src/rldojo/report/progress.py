@@ -65,8 +65,9 @@ class PhaseProgress:
         if not (self.console.is_interactive or self.console.is_jupyter):
             if plain_due(done, total, self._said):
                 self._said = done
-                self.console.print(f"{label}: {done}/{total}", soft_wrap=True, markup=False,
-                                   highlight=False)  # fmt: skip
+                self.console.print(
+                    f"{label}: {done}/{total}", soft_wrap=True, markup=False, highlight=False
+                )
             return
         bar = self.live or self._own
         if bar is None:

@@ -49,10 +49,16 @@ import string
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import urlparse
 
 from rldojo.config import ConfigError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from torch.utils.tensorboard import SummaryWriter
+    from trackio.run import Run as TrackioRun
+    from wandb.sdk.wandb_run import Run as WandbRun
 
 SINKS = ("tensorboard", "wandb", "trackio", "mlflow")
 """The names `run.report_to` accepts."""
@@ -142,7 +148,7 @@ class TensorBoardSink:
         self._dir = run_dir / "tensorboard"
         self._purge = None if resume_step is None else resume_step + 1
         self._want = True
-        self._writer: Any = None
+        self._writer: SummaryWriter | None = None
 
     def log(
         self, step: int, scalars: Mapping[str, float], texts: Mapping[str, str], *, kind: str
@@ -187,9 +193,9 @@ class WandbSink:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         self._run_dir = run_dir
         self._config = config
-        self.run: Any = None
+        self.run: WandbRun | None = None
 
-    def _open(self) -> Any:
+    def _open(self) -> WandbRun:
         import wandb
 
         run_id = read_state(self._run_dir).get("wandb", {}).get("id")
@@ -227,9 +233,9 @@ class TrackioSink:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         self._run_dir = run_dir
         self._config = config
-        self.run: Any = None
+        self.run: TrackioRun | None = None
 
-    def _open(self) -> Any:
+    def _open(self) -> TrackioRun:
         import trackio
 
         project = os.environ.get("TRACKIO_PROJECT") or "rldojo"
@@ -261,7 +267,7 @@ class TrackioSink:
             # trackio.finish() joins the writer thread (all logs are in the db) and clears
             # the current run, which trackio would otherwise finish again at exit.
             if trackio.context_vars.current_run.get() is self.run:
-                trackio.finish()  # type: ignore[no-untyped-call, unused-ignore]
+                trackio.finish()
             else:
                 self.run.finish()
             self.run = None
@@ -284,7 +290,7 @@ class MlflowSink:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         self._run_dir = run_dir
         self._config = config
-        self.client: Any = None
+        self.client: MlflowClient | None = None
         self.run_id: str | None = None
 
     def _open(self) -> None:
@@ -319,15 +325,17 @@ class MlflowSink:
     ) -> None:
         from mlflow.entities import Metric
 
-        if self.run_id is None:
+        if self.client is None or self.run_id is None:
             self._open()
+        client, run_id = self.client, self.run_id
+        assert client is not None and run_id is not None
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(value), now, step) for key, value in scalars.items()]
-        self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)
+        client.log_batch(run_id, metrics=metrics, synchronous=True)
         for key, text in texts.items():
-            self.client.log_text(self.run_id, text, f"text/{key}/step_{step:06d}.txt")
+            client.log_text(run_id, text, f"text/{key}/step_{step:06d}.txt")
 
     def close(self, *, failed: bool = False) -> None:
-        if self.run_id is not None:
+        if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
             self.run_id = None

@@ -39,7 +39,7 @@ from rldojo.envs.base import Env
 from rldojo.graders.base import Grader, passed
 from rldojo.graders.judges.client import JudgeRequest, OpenAIJudge
 from rldojo.rollout.episodes import bounded, grade_rollouts
-from rldojo.types import Message, Rollout, Score, Task
+from rldojo.types import Message, Rollout, RolloutStatus, Score, Task
 
 __all__ = [
     "Actor",
@@ -92,7 +92,8 @@ async def play_episode(
     """
     messages: list[Message] = []
     info: dict[str, Any] = {}
-    status, error, last, turns, tools = "ok", "", "", 0, None
+    status: RolloutStatus = "ok"
+    error, last, turns, tools = "", "", 0, None
     try:
         obs = await bounded(env.reset(task, seed=seed), timeout_s, "env.reset")
         messages, tools = [dict(m) for m in obs.messages], obs.info.get("tools") or None
@@ -120,7 +121,7 @@ async def play_episode(
         env=task.env or getattr(env, "env_id", ""),
         messages=messages,
         completion=last,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         sample_index=sample_index,
         seed=seed,
         error=error,
@@ -232,9 +233,13 @@ class Teacher:
         self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
         self.source = f"teacher:{model}"
         self._endpoint = OpenAIJudge(
-            base_url, model, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries,
+            base_url,
+            model,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
             concurrency=concurrency,
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_spec(cls, spec: str, **kwargs: Any) -> Teacher:
@@ -307,9 +312,15 @@ async def collect_demos(
                 env = make_env(env_id, **kwargs)
                 try:
                     ep = await play_episode(
-                        env, play, task, seed + i + k * len(tasks), max_turns=max_turns,
-                        timeout_s=timeout_s, grader=grader, sample_index=k,
-                    )  # fmt: skip
+                        env,
+                        play,
+                        task,
+                        seed + i + k * len(tasks),
+                        max_turns=max_turns,
+                        timeout_s=timeout_s,
+                        grader=grader,
+                        sample_index=k,
+                    )
                 finally:
                     await _close(env)
                 ok = _passes(ep, pass_threshold)

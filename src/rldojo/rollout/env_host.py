@@ -63,4 +63,5 @@ def spec_grader(spec: str | Path | Mapping[str, Any]) -> Grader:
 
 
 def _loads(blob: bytes) -> Callable[..., Any]:
-    return pickle.loads(blob)  # type: ignore[no-any-return]
+    recipe: Callable[..., Any] = pickle.loads(blob)
+    return recipe

@@ -41,8 +41,9 @@ import importlib
 import importlib.machinery
 import itertools
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
 import cloudpickle
 
@@ -50,13 +51,15 @@ from rldojo.envs.registry import resolve_factory
 from rldojo.graders.base import Grader
 from rldojo.rollout import env_host
 from rldojo.rollout.env_host import env_default_grader, spec_grader
-from rldojo.types import Observation, StepResult, Task
+from rldojo.types import Message, Observation, Rollout, Score, StepResult, Task
 from rldojo.workers import CallError, WorkerDied, WorkerPool, WorkerProcess
 
 __all__ = ["EnvCallError", "EnvWorkerPool", "RemoteEnv", "RemoteGrader", "WorkerDied"]
 
 START_TIMEOUT_S = 120.0
 """How long a new worker may take to start serving calls (then it is killed)."""
+
+T = TypeVar("T")
 
 _OPS: dict[str, Callable[..., Any]] = {
     "open": env_host.open_env, "reset": env_host.reset_env,
@@ -79,7 +82,7 @@ def _importable(module: str) -> bool:
     return importlib.machinery.PathFinder.find_spec(top, sys.path) is not None
 
 
-def _dumps(obj: Any, module: str | None = None) -> bytes:
+def _dumps(obj: object, module: str | None = None) -> bytes:
     """Pickle a factory or recipe for a worker: by reference what imports by name there
     (the worker gets the trainer's `sys.path`), by value the rest (scripts, test modules).
     `module`: where the user's code lives, when `obj` wraps it (a `functools.partial`)."""
@@ -89,8 +92,13 @@ def _dumps(obj: Any, module: str | None = None) -> bytes:
     return bytes(cloudpickle.dumps(obj))  # by reference where it can (plain pickle's way)
 
 
-async def _call(worker: WorkerProcess, fn: Callable[..., Any], args: tuple, timeout_s: float,
-                label: str) -> Any:  # fmt: skip
+async def _call(
+    worker: WorkerProcess,
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    timeout_s: float,
+    label: str,
+) -> Any:
     """One call on `worker`, its failures as the engine reads them: `EnvCallError` (the
     code raised), `TimeoutError` (status `timeout`), `WorkerDied` (replay or retry)."""
     try:
@@ -113,9 +121,14 @@ class EnvWorkerPool:
         # die_with_parent: workers are started by the trainer's main thread or its async
         # producer's, both alive for the whole run. The initializer imports what every
         # call runs during the start-up, so the first call's timeout counts its own work.
-        self._workers = WorkerPool(workers, name="env worker", start_timeout_s=START_TIMEOUT_S,
-                                   die_with_parent=True, initializer=importlib.import_module,
-                                   initargs=(env_host.__name__,))  # fmt: skip
+        self._workers = WorkerPool(
+            workers,
+            name="env worker",
+            start_timeout_s=START_TIMEOUT_S,
+            die_with_parent=True,
+            initializer=importlib.import_module,
+            initargs=(env_host.__name__,),
+        )
         self._keys = itertools.count()
         self._factories: dict[str, bytes] = {}
         self.replays = 0  # episodes replayed after their worker died
@@ -152,7 +165,7 @@ class EnvWorkerPool:
         recipe = functools.partial(env_default_grader, env_id, factory, dict(kwargs))
         return RemoteGrader(self, _dumps(recipe, factory.__module__), name)
 
-    def spec_grader(self, spec: Any, name: str) -> RemoteGrader:
+    def spec_grader(self, spec: str | Path | Mapping[str, Any], name: str) -> RemoteGrader:
         """The grader of a spec (`rldojo.graders.load`), run in the workers."""
         return RemoteGrader(self, _dumps(functools.partial(spec_grader, spec)), name)
 
@@ -167,13 +180,13 @@ class RemoteEnv:
     enforces_timeouts = True
 
     def __init__(
-        self, pool: EnvWorkerPool, env_id: str, factory: bytes, kwargs: dict, key: int
+        self, pool: EnvWorkerPool, env_id: str, factory: bytes, kwargs: dict[str, Any], key: int
     ) -> None:
         self.env_id, self._pool, self._factory, self._kwargs = env_id, pool, factory, kwargs
         self._key = key
         self._worker: WorkerProcess | None = None
         self._start: tuple[Task, int] | None = None
-        self._opening: list[Any] = []  # the reset observation's messages (replay check)
+        self._opening: list[Message] = []  # the reset observation's messages (replay check)
         self._actions: list[tuple[str, str]] = []  # (action, digest of the env's reply)
         self.replays = 0
 
@@ -191,8 +204,9 @@ class RemoteEnv:
         result = await self._with_replay(step)
         self._actions.append((action, _digest(result)))
         if self.replays:
-            result = StepResult(result.messages, result.done, {**result.info,
-                                "env/replays": self.replays})  # fmt: skip
+            result = StepResult(
+                result.messages, result.done, {**result.info, "env/replays": self.replays}
+            )
         return result
 
     async def close(self) -> None:
@@ -201,7 +215,7 @@ class RemoteEnv:
             worker.residents -= 1
             await self._call(worker, "close")
 
-    def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> Any:
+    def tasks(self, split: str = "train", *, seed: int = 0, n: int | None = None) -> list[Task]:
         raise NotImplementedError("a RemoteEnv runs episodes; ask the local env for tasks")
 
     def default_grader(self) -> Grader:
@@ -214,11 +228,10 @@ class RemoteEnv:
         obs: Observation = await self._call(worker, "reset", task, seed)
         return obs
 
-    async def _call(self, worker: WorkerProcess, op: str, *args: Any) -> Any:
-        return await _call(worker, _OPS[op], (self._key, *args), self._pool.timeout_s,
-                           f"env.{op}")  # fmt: skip
+    async def _call(self, worker: WorkerProcess, op: str, *args: object) -> Any:
+        return await _call(worker, _OPS[op], (self._key, *args), self._pool.timeout_s, f"env.{op}")
 
-    async def _with_replay(self, op: Callable[[WorkerProcess], Any]) -> Any:
+    async def _with_replay(self, op: Callable[[WorkerProcess], Awaitable[T]]) -> T:
         """Run `op` on this episode's worker; if the worker dies, rebuild the episode on
         a live worker (reset + the same actions) and run `op` again."""
         attempt = 0
@@ -276,15 +289,17 @@ class RemoteGrader:
     def __init__(self, pool: EnvWorkerPool, recipe: bytes, name: str) -> None:
         self._pool, self._recipe, self.name = pool, recipe, name
 
-    async def grade(self, rollout: Any, task: Task) -> Any:
+    async def grade(self, rollout: Rollout, task: Task) -> Score:
         pool = self._pool
         charged = tries = 0
         while True:
             tries += 1
             try:
                 args = (self._recipe, rollout, task)
-                return await _call(pool.worker(), env_host.grade, args, pool.timeout_s,
-                                   "env.grade")  # fmt: skip
+                score: Score = await _call(
+                    pool.worker(), env_host.grade, args, pool.timeout_s, "env.grade"
+                )
+                return score
             except WorkerDied as exc:  # charged only if this call was running (as episodes)
                 charged += 1 if exc.culprit else 0
                 if charged > pool.retries or tries > 4 * pool.retries + 4:

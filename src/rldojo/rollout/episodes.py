@@ -28,15 +28,20 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from typing_extensions import TypeIs
+
 from rldojo.envs.base import Env, EnvFactory
-from rldojo.graders.base import Grader
-from rldojo.policy.base import Policy
-from rldojo.types import Completion, Message, Rollout, SamplingParams, Score, Task
+from rldojo.graders.base import Grader, self_timed
+from rldojo.policy.base import Policy, streams_steps
+from rldojo.types import Completion, Message, Rollout, RolloutStatus, SamplingParams, Score, Task
 
 if TYPE_CHECKING:
     from rldojo.policy.sampling import DecodeStep
 
 T = TypeVar("T")
+
+Tools = list[dict[str, Any]]
+"""An episode's tool schemas (OpenAI format), from its environment's `reset` info."""
 
 TurnProgress = Callable[[int, int, int], None]
 """`(turn, done, total)`: of the `total` episodes playing turn `turn` (1, 2, ...), `done`
@@ -56,12 +61,12 @@ class _Episode:
     logprobs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
     last_text: str = ""
-    status: str = "ok"
+    status: RolloutStatus = "ok"
     error: str = ""
     done: bool = False
     turns: int = 0
     version: int = -1
-    tools: Any = None
+    tools: Tools | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,23 +87,32 @@ async def bounded(coro: Awaitable[T], timeout_s: float, what: str) -> T:
 async def _with_timeout(
     coro: Awaitable[T], timeout_s: float, what: str, env: Env | None = None
 ) -> T:
-    if getattr(env, "enforces_timeouts", False):  # e.g. a RemoteEnv: bounded calls already
+    if self_timed(env):  # e.g. a RemoteEnv: bounded calls already
         return await coro
     return await bounded(coro, timeout_s, what)
 
 
-def _per_task(make_env: EnvFactory) -> Callable[[Task], Env]:
-    """A factory that takes the task: one with a positional parameter gets it, one without
+def _takes_task(make_env: EnvFactory) -> TypeIs[Callable[[Task], Env]]:
+    """Whether a factory takes the task: one with a positional parameter does, one without
     (a lambda, or `functools.partial(make_env, id)` with only **kwargs) is called bare."""
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                  inspect.Parameter.VAR_POSITIONAL)  # fmt: skip
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    )
     params = inspect.signature(make_env).parameters.values()
-    if not any(p.kind in positional for p in params):
-        return lambda _task: make_env()  # type: ignore[call-arg]
-    return make_env  # type: ignore[return-value]
+    return any(p.kind in positional for p in params)
 
 
-def _encode(policy: Policy, messages: list[Message], tools: Any) -> list[int]:
+def _per_task(make_env: EnvFactory) -> Callable[[Task], Env]:
+    """The factory as one that takes the task (`_takes_task`)."""
+    if _takes_task(make_env):
+        return make_env
+    bare = make_env
+    return lambda _task: bare()
+
+
+def _encode(policy: Policy, messages: list[Message], tools: Tools | None) -> list[int]:
     """Encode a conversation, passing tool schemas to policies whose `encode_chat` takes them."""
     if tools and "tools" in inspect.signature(policy.encode_chat).parameters:
         return policy.encode_chat(messages, tools)
@@ -120,7 +134,7 @@ async def _reset(
         _fail(ep, "timeout" if isinstance(exc, TimeoutError) else "env_error", exc)
 
 
-def _fail(ep: _Episode, status: str, exc: BaseException) -> None:
+def _fail(ep: _Episode, status: RolloutStatus, exc: BaseException) -> None:
     ep.status, ep.error, ep.done = status, f"{type(exc).__name__}: {exc}", True
 
 
@@ -173,29 +187,33 @@ def _env_turn_ids(policy: Policy, ep: _Episode, n_new: int) -> list[int]:
     length would shift whenever the sampled ids are not the canonical tokenisation of
     their text (a stop string cut the text, or BPE merges differently).
     """
-    render = getattr(getattr(policy, "tokenizer", None), "apply_chat_template", None)
-    texts = None
-    if render is not None:
-        kwargs: dict[str, Any] = {"tools": list(ep.tools)} if ep.tools else {}
-        turn = ep.messages[-n_new - 1]
-        texts = [
-            render(msgs, tokenize=False, add_generation_prompt=gen, **kwargs)
-            for msgs, gen in ((ep.messages[: -n_new - 1], True), (ep.messages[:-n_new], False),
-                              (ep.messages, True))
-        ]  # fmt: skip
-    content = str(turn.get("content") or "") if texts else ""
-    if texts is None or not (
-        texts[2].startswith(texts[1]) and texts[1].startswith(texts[0] + content)
-    ):  # a template that is not prefix-stable, or rewrites the content: slice the re-encoding
-        seen = len(ep.prompt_ids) + len(ep.ids)
-        return _encode(policy, ep.messages, ep.tools)[seen:]
+    tokenizer = policy.tokenizer
+    if tokenizer is None:  # ids of no tokenizer's: slice the re-encoding
+        return _reencoded(policy, ep)
+    kwargs: dict[str, Any] = {"tools": list(ep.tools)} if ep.tools else {}
+    texts = [
+        tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, **kwargs)
+        for msgs, gen in (
+            (ep.messages[: -n_new - 1], True),
+            (ep.messages[:-n_new], False),
+            (ep.messages, True),
+        )
+    ]
+    content = str(ep.messages[-n_new - 1].get("content") or "")
+    if not (texts[2].startswith(texts[1]) and texts[1].startswith(texts[0] + content)):
+        return _reencoded(policy, ep)  # a template not prefix-stable, or rewriting the content
     closing = texts[1][len(texts[0]) + len(content) :]  # "<|im_end|>\n" in ChatML
-    encode = policy.tokenizer
-    ids = list(encode(closing, add_special_tokens=False)["input_ids"]) if closing else []
+    ids = list(tokenizer(closing, add_special_tokens=False)["input_ids"]) if closing else []
     last = ep.ids[-1] if ep.ids else None
     if ids and ids[0] == last:  # the policy sampled the end-of-turn token itself
         ids = ids[1:]
-    return ids + list(encode(texts[2][len(texts[1]) :], add_special_tokens=False)["input_ids"])
+    return ids + list(tokenizer(texts[2][len(texts[1]) :], add_special_tokens=False)["input_ids"])
+
+
+def _reencoded(policy: Policy, ep: _Episode) -> list[int]:
+    """The ids after those the episode holds, from re-encoding its whole conversation."""
+    seen = len(ep.prompt_ids) + len(ep.ids)
+    return _encode(policy, ep.messages, ep.tools)[seen:]
 
 
 async def collect_rollouts(
@@ -257,8 +275,8 @@ def _generate(
             done += ended
             report(done, total)
 
-    if "on_step" in inspect.signature(policy.generate).parameters:
-        completions = policy.generate(prompts, params, on_step=on_step)  # type: ignore[call-arg]
+    if streams_steps(policy):
+        completions = policy.generate(prompts, params, on_step=on_step)
     else:
         completions = policy.generate(prompts, params)
     if done < total:
@@ -286,7 +304,7 @@ def _to_rollout(ep: _Episode, version: int) -> Rollout:
         logprobs=tuple(ep.logprobs),
         entropies=tuple(ep.entropies),
         policy_version=version,
-        status=ep.status,  # type: ignore[arg-type]
+        status=ep.status,
         sample_index=ep.sample_index,
         seed=ep.seed,
         error=ep.error,
@@ -301,7 +319,7 @@ async def _grade_one(
         return Score.failed("error", f"rollout failed ({rollout.status}): {rollout.error}")
     async with gate:
         try:
-            if getattr(grader, "enforces_timeouts", False):  # e.g. graders in env workers
+            if self_timed(grader):  # e.g. graders in env workers
                 return await grader.grade(rollout, task)
             return await asyncio.wait_for(grader.grade(rollout, task), timeout_s)
         except TimeoutError:

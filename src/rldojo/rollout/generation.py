@@ -81,17 +81,24 @@ class LocalGeneration:
             announce(f"generating {len(requests)} samples for tasks {tasks}")
         t0 = time.perf_counter()
         rollouts = await collect_rollouts(
-            self.make_env, self.policy, requests, sampling,
-            env_timeout_s=ro.env_timeout_s, max_turns=ro.max_turns,
+            self.make_env,
+            self.policy,
+            requests,
+            sampling,
+            env_timeout_s=ro.env_timeout_s,
+            max_turns=ro.max_turns,
             max_episode_tokens=ro.max_episode_tokens,
-        )  # fmt: skip
+        )
         t1 = time.perf_counter()
         if announce is not None:
             announce(f"grading {len(rollouts)} samples with {self.grader.name}")
         scores = await grade_rollouts(
-            self.grader, rollouts, [t for t, _, _ in requests],
-            timeout_s=ro.grade_timeout_s, concurrency=ro.grade_concurrency,
-        )  # fmt: skip
+            self.grader,
+            rollouts,
+            [t for t, _, _ in requests],
+            timeout_s=ro.grade_timeout_s,
+            concurrency=ro.grade_concurrency,
+        )
         _add(timing, "time/generate", t1 - t0)
         _add(timing, "time/grade", time.perf_counter() - t1)
         return rollouts, scores

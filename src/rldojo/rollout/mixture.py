@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rldojo.envs.base import Env
+from rldojo.envs.base import BoundedEnv, Env
 from rldojo.envs.registry import EnvKwargsError, make_env
-from rldojo.graders.base import Grader
+from rldojo.graders.base import Grader, close_grader, self_timed
 from rldojo.types import Rollout, Score, Task
 
 
@@ -88,9 +88,8 @@ class EnvMixture:
                 _tag(env.tasks("test", seed=seed, n=n_test), env_id)[:n_test] if test_n else [],
             )
             slot.order = self._order(slot)
-            limit = getattr(env, "max_episodes_at_once", None)
-            if limit is not None:
-                slot.max_at_once = (int(limit), str(getattr(env, "max_episodes_at_once_key", "")))
+            if isinstance(env, BoundedEnv):
+                slot.max_at_once = (env.max_episodes_at_once, env.max_episodes_at_once_key)
             self.slots[env_id] = slot
 
     def _order(self, slot: EnvSlot) -> list[int]:
@@ -155,19 +154,13 @@ class MixtureGrader:
     def __init__(self, graders: Mapping[str, Grader]) -> None:
         self.graders = dict(graders)
         self._default = next(iter(self.graders.values()))
-        names = dict.fromkeys(getattr(g, "name", type(g).__name__) for g in self.graders.values())
+        names = dict.fromkeys(g.name for g in self.graders.values())
         self.name = "+".join(names)  # e.g. "math-verify+code-tests" (logs, provenance)
-        self.enforces_timeouts = all(
-            getattr(g, "enforces_timeouts", False) for g in self.graders.values()
-        )
+        self.enforces_timeouts = all(self_timed(g) for g in self.graders.values())
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         return await self.graders.get(task.env, self._default).grade(rollout, task)
 
     async def close(self) -> None:
         for grader in {id(g): g for g in self.graders.values()}.values():
-            close = getattr(grader, "close", None)
-            if close is not None:
-                result = close()
-                if hasattr(result, "__await__"):
-                    await result
+            await close_grader(grader)

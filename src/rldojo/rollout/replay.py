@@ -23,7 +23,7 @@ from typing import Any
 
 from rldojo.envs.base import EpisodeDone
 from rldojo.graders.base import Grader
-from rldojo.policy.base import chat_template_ids
+from rldojo.policy.base import Tokenizer, chat_template_ids
 from rldojo.rollout.episodes import collect_rollouts
 from rldojo.types import Completion, Message, Observation, Rollout, SamplingParams, StepResult, Task
 
@@ -54,7 +54,7 @@ class ScriptedPolicy:
     (EOS) token, as the sampler returns a turn that ends; log-probs are 0. `generate`
     serves one episode at a time (one prompt per call)."""
 
-    def __init__(self, tokenizer: Any, turns: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Tokenizer, turns: Sequence[str]) -> None:
         self.tokenizer = tokenizer
         self.turns = list(turns)
         self.version = 0
@@ -122,7 +122,7 @@ class ReplayEnv:
 
 
 def conversation_rollout(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     messages: Sequence[Message],
     tools: Sequence[dict[str, Any]] | None = None,
     *,
@@ -144,10 +144,13 @@ def conversation_rollout(
     task = Task(id=task_id, prompt=opening, env=env)
     (rollout,) = asyncio.run(
         collect_rollouts(
-            lambda: replay, policy, [(task, 0, 0)], SamplingParams(max_new_tokens=1),
+            lambda: replay,
+            policy,
+            [(task, 0, 0)],
+            SamplingParams(max_new_tokens=1),
             max_turns=len(turns),
         )
-    )  # fmt: skip
+    )
     if rollout.status != "ok":
         raise ValueError(f"replay failed ({rollout.status}): {rollout.error}")
     return rollout

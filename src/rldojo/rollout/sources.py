@@ -112,9 +112,14 @@ class SyncSource:
             need = self.cfg.prompts_per_step - sum(g.informative for g in groups)
             tasks = self.rounds.tasks.draw(oversampled(need, self.cfg.oversample))
             groups += await self.rounds.run(
-                tasks, _seed(self.seed, step, rounds), ledger=self.ledger, step=step,
-                round=rounds, timing=timing, announce=self.watchdog.set,
-            )  # fmt: skip
+                tasks,
+                _seed(self.seed, step, rounds),
+                ledger=self.ledger,
+                step=step,
+                round=rounds,
+                timing=timing,
+                announce=self.watchdog.set,
+            )
             if _full(groups, self.cfg, rounds):
                 return Collected(groups, timing, rounds, self.rounds.tasks.metrics())
             rounds += 1
@@ -202,9 +207,15 @@ class AsyncSource:
         self.batches += 1
         timing: dict[str, float] = {"time/generate": 0.0, "time/grade": 0.0}
         groups = await self.rounds.run(
-            tasks, _seed(self.seed, b, 7), ledger=ledger, step=self._step(),
-            round=ROUND_BASE + b, any_step=True, timing=timing, announce=self._set_activity,
-        )  # fmt: skip
+            tasks,
+            _seed(self.seed, b, 7),
+            ledger=ledger,
+            step=self._step(),
+            round=ROUND_BASE + b,
+            any_step=True,
+            timing=timing,
+            announce=self._set_activity,
+        )
         rollouts = [r for g in groups for r in g.rollouts]
         version = min((r.policy_version for r in rollouts), default=self.rounds.version())
         return _Batch(groups, version, b, sampler.state_dict(), sampler.metrics(), timing)
@@ -230,8 +241,12 @@ class AsyncSource:
                 info["time/wait_rollouts"] = waited
                 return batch, info
             dropped += len(batch.groups)
-            log.info("dropped %d groups %d versions old (max lag %d)", len(batch.groups),
-                     lag, self.max_lag)  # fmt: skip
+            log.info(
+                "dropped %d groups %d versions old (max lag %d)",
+                len(batch.groups),
+                lag,
+                self.max_lag,
+            )
 
     def collect(self, step: int, version: int) -> Collected:
         """Batches until enough groups carry signal (dynamic sampling), within the bound."""
@@ -258,8 +273,11 @@ class AsyncSource:
                 if time.monotonic() - warned_at >= self.wait_warn_s:
                     warned_at = time.monotonic()
                     busy = time.monotonic() - self.activity_since
-                    log.info("trainer waiting on rollouts: producer is %s (for %.0fs)",
-                             self.activity, busy)  # fmt: skip
+                    log.info(
+                        "trainer waiting on rollouts: producer is %s (for %.0fs)",
+                        self.activity,
+                        busy,
+                    )
 
     def checkpoint_state(self) -> dict[str, Any]:
         # The producer draws ahead; a resumed run must redraw what was not trained yet.

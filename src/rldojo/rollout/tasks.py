@@ -17,6 +17,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from rldojo.data.curriculum import Curriculum
 from rldojo.rollout.groups import Group
 from rldojo.rollout.mixture import EnvMixture
 from rldojo.types import Task
@@ -28,7 +29,7 @@ class TaskSampler:
     """Draws from `mixture`; with a `curriculum` (`rldojo.data.curriculum.Curriculum`),
     saturated tasks are drawn less (rejection sampling keeps the mixture's order)."""
 
-    def __init__(self, mixture: EnvMixture, curriculum: Any | None = None, *, seed: int = 0):
+    def __init__(self, mixture: EnvMixture, curriculum: Curriculum | None = None, *, seed: int = 0):
         self.mixture = mixture
         self.curriculum = curriculum
         self.seed = seed

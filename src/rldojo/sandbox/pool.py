@@ -206,9 +206,13 @@ def run(
 ) -> ExecResult:
     """Run untrusted Python `code` in the sandbox and return what happened."""
     return default_pool().run(
-        code, stdin=stdin, files=files, timeout_s=timeout_s, memory_mb=memory_mb,
+        code,
+        stdin=stdin,
+        files=files,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
         allow_fork=allow_fork,
-    )  # fmt: skip
+    )
 
 
 async def run_async(
@@ -222,9 +226,13 @@ async def run_async(
 ) -> ExecResult:
     """Async `run`: waits on the default pool's threads, never on the event loop."""
     return await default_pool().run_async(
-        code, stdin=stdin, files=files, timeout_s=timeout_s, memory_mb=memory_mb,
+        code,
+        stdin=stdin,
+        files=files,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
         allow_fork=allow_fork,
-    )  # fmt: skip
+    )
 
 
 @atexit.register

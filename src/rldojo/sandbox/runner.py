@@ -139,9 +139,17 @@ def _command_prefix(env: SandboxEnv, slot: Slot) -> list[str]:
         return []
     uid = str(slot.uid)
     return [
-        env.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups",
-        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-    ]  # fmt: skip
+        env.setpriv,
+        "--reuid",
+        uid,
+        "--regid",
+        uid,
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 def _spawn(
@@ -218,10 +226,17 @@ def _execute(spec: ExecSpec, env: SandboxEnv, slot: Slot, fds: _Fds) -> ExecResu
     info_r, info_w = fds.pipe()
     block_r, block_w = fds.pipe() if slot.cgroup else (None, None)
     argv = build_argv(
-        bwrap=env.bwrap, interp=env.interp, limits=spec.limits, ro_data=ro_data,
-        work_data=work_data, seccomp_fds=seccomp_fds, info_fd=info_w, block_fd=block_r,
-        disable_userns=env.disable_userns, command=[entry],
-    )  # fmt: skip
+        bwrap=env.bwrap,
+        interp=env.interp,
+        limits=spec.limits,
+        ro_data=ro_data,
+        work_data=work_data,
+        seccomp_fds=seccomp_fds,
+        info_fd=info_w,
+        block_fd=block_r,
+        disable_userns=env.disable_userns,
+        command=[entry],
+    )
     child_side = [fd for fd, _ in ro_data + work_data] + [nonce_fd, info_w, *seccomp_fds]
     child_side += [started_w] + ([block_r] if block_r is not None else [])
     start = time.monotonic()

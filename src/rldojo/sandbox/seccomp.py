@@ -23,7 +23,11 @@ from __future__ import annotations
 import errno
 import functools
 import os
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyseccomp import SyscallFilter
 
 # Linux constants (x86_64 and aarch64 share these).
 _CLONE_THREAD = 0x00010000
@@ -65,13 +69,15 @@ def available() -> bool:
     return True
 
 
-def _sc() -> Any:
+def _sc() -> ModuleType:
     import pyseccomp
 
     return pyseccomp
 
 
-def _deny(flt: Any, sc: Any, names: tuple[str, ...], err: int = errno.EPERM) -> None:
+def _deny(
+    flt: SyscallFilter, sc: ModuleType, names: tuple[str, ...], err: int = errno.EPERM
+) -> None:
     for name in names:
         try:
             flt.add_rule(sc.ERRNO(err), name)
@@ -79,7 +85,7 @@ def _deny(flt: Any, sc: Any, names: tuple[str, ...], err: int = errno.EPERM) -> 
             continue
 
 
-def _base_filter() -> Any:
+def _base_filter() -> SyscallFilter:
     sc = _sc()
     flt = sc.SyscallFilter(sc.ALLOW)
     _deny(flt, sc, _DENIED_EVERYWHERE)
@@ -92,7 +98,7 @@ def _base_filter() -> Any:
     return flt
 
 
-def _candidate_filter(allow_fork: bool, block_exec: bool) -> Any:
+def _candidate_filter(allow_fork: bool, block_exec: bool) -> SyscallFilter:
     sc = _sc()
     flt = sc.SyscallFilter(sc.ALLOW)
     if not allow_fork:
@@ -105,7 +111,7 @@ def _candidate_filter(allow_fork: bool, block_exec: bool) -> Any:
     return flt
 
 
-def _export(flt: Any) -> bytes:
+def _export(flt: SyscallFilter) -> bytes:
     fd = os.memfd_create("rldojo-bpf", os.MFD_CLOEXEC)
     try:
         with os.fdopen(os.dup(fd), "wb") as fh:

@@ -30,7 +30,7 @@ from starlette.datastructures import UploadFile
 from rldojo.service.errors import ApiError, not_found
 from rldojo.service.job_spec import parse_create
 from rldojo.service.scheduler import Scheduler
-from rldojo.service.settings import ServiceSettings
+from rldojo.service.settings import Owner, ServiceSettings
 from rldojo.service.state import TERMINAL, ServiceState, new_id
 
 __all__ = ["file_json", "job_json", "jobs_router", "page"]
@@ -151,7 +151,7 @@ async def _read_upload(upload: UploadFile, limit: int) -> bytes:
 
 
 def jobs_router(
-    settings: ServiceSettings, state: ServiceState, scheduler: Scheduler, owner: Any
+    settings: ServiceSettings, state: ServiceState, scheduler: Scheduler, owner: Owner
 ) -> APIRouter:
     """The files and jobs routes over `state`; `owner` is the auth dependency."""
     r = APIRouter(prefix="/v1")

@@ -43,7 +43,7 @@ from rldojo.inference.engine import TransformersEngine
 from rldojo.service.errors import ApiError, not_found
 from rldojo.service.judge import load_grader
 from rldojo.service.preflight import run_signal, signal_request
-from rldojo.service.settings import ServiceSettings
+from rldojo.service.settings import Owner, ServiceSettings
 from rldojo.service.state import ServiceState
 from rldojo.store.checkpoint import latest_checkpoint
 from rldojo.types import SamplingParams, Score
@@ -172,7 +172,7 @@ class _GraderIn(BaseModel):
 
 
 def models_router(
-    settings: ServiceSettings, state: ServiceState, owner: Any, engines: EngineCache
+    settings: ServiceSettings, state: ServiceState, owner: Owner, engines: EngineCache
 ) -> APIRouter:
     r = APIRouter(prefix="/v1")
     started = int(time.time())
@@ -272,8 +272,7 @@ def models_router(
     @r.post("/fine_tuning/alpha/graders/run")
     async def run(body: _GraderIn, who: str = Depends(owner)) -> dict[str, Any]:
         ask = (body.model_extra or {}).get("signal")  # opt-in: sample the base model too
-        checked = None if ask is None else signal_request(
-            ask, who, _source, state.file, body.grader, settings)  # fmt: skip
+        checked = None if ask is None else signal_request(ask, who, _source, state.file, settings)
         grader = await asyncio.to_thread(load_grader, body.grader, settings, "grader")
         try:
             out = _grade_json(*await _grade(grader, body))

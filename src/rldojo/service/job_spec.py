@@ -26,11 +26,11 @@ whose judge table names the endpoint and `RLDOJO_JUDGE_API_KEY`, never the key
 (`rldojo.service.judge`).
 
 Supervised (`method.type = "supervised"`): `resolve_supervised` and `sft_config` map them
-onto the `[sft]` section (`rldojo sft`, `rldojo.training.sft.run_sft`):
+onto the config of `rldojo sft` (`rldojo.training.sft.run_sft`):
 
-    n_epochs                 sft.epochs                                       auto: 3
+    n_epochs                 run.epochs                                       auto: 3
     batch_size               sft.batch_size (examples per optimizer step)     auto: min(16, rows)
-    learning_rate_multiplier sft.lr = 5e-5 x multiplier                       auto: 1.0
+    learning_rate_multiplier optim.lr = 5e-5 x multiplier                     auto: 1.0
     (steps reported)         n_epochs x ceil(rows / batch_size)
 
 Every row trains (`sft.only_passed = false`), no held-out environment (`eval.tasks = 0`);
@@ -82,7 +82,7 @@ def _bad(message: str, param: str) -> ApiError:
 
 
 def _hyperparameters(
-    raw: Any, known: Mapping[str, type] = _HYPER, where: str = "method.reinforcement"
+    raw: object, known: Mapping[str, type] = _HYPER, where: str = "method.reinforcement"
 ) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -107,12 +107,12 @@ def _hyperparameters(
     return out
 
 
-def _grader(spec: Any, settings: ServiceSettings) -> dict[str, Any]:
+def _grader(spec: object, settings: ServiceSettings) -> dict[str, Any]:
     """The grader spec, once it loads with the service's judge (`rldojo.service.judge`)."""
     return validate_grader(spec, settings, "method.reinforcement.grader")
 
 
-def _file(state: ServiceState, owner: str, file_id: Any, param: str) -> str:
+def _file(state: ServiceState, owner: str, file_id: object, param: str) -> str:
     row = state.file(owner, file_id) if isinstance(file_id, str) else None
     if row is None:
         raise _bad(f"{param}: no such file: {file_id!r}", param)
@@ -276,16 +276,11 @@ def sft_config(
     return TrainConfig.model_validate(
         {
             "model": {"name": job["model"]},
-            "sft": {
-                "data": train_path,
-                "epochs": hyper["n_epochs"],
-                "batch_size": hyper["batch_size"],
-                "lr": SFT_BASE_LR * hyper["learning_rate_multiplier"],
-                "only_passed": False,
-                "eval_before": False,
-            },
-            "eval": {"tasks": 0},
+            "sft": {"data": train_path, "batch_size": hyper["batch_size"], "only_passed": False},
+            "optim": {"lr": SFT_BASE_LR * hyper["learning_rate_multiplier"]},
+            "eval": {"tasks": 0, "before": False},
             "run": {
+                "epochs": hyper["n_epochs"],
                 "seed": job["seed"],
                 "output_dir": str(jobs_dir),
                 "name": job["id"],

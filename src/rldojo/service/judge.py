@@ -75,7 +75,7 @@ def _tables(spec: Mapping[str, Any], where: str) -> Iterator[tuple[str, Mapping[
                 yield from _tables(sub, f"{where}.graders.{name}")
 
 
-def checked_spec(spec: Any, settings: ServiceSettings, param: str) -> dict[str, Any]:
+def checked_spec(spec: object, settings: ServiceSettings, param: str) -> dict[str, Any]:
     """`spec` as a dict, if the service accepts it (module docstring); else ApiError(400)."""
     if not isinstance(spec, Mapping):
         raise _bad(f"{param}: missing (an OpenAI grader object)", param)
@@ -101,7 +101,7 @@ def checked_spec(spec: Any, settings: ServiceSettings, param: str) -> dict[str, 
     return dict(spec)
 
 
-def load_grader(spec: Any, settings: ServiceSettings, param: str) -> SpecGrader:
+def load_grader(spec: object, settings: ServiceSettings, param: str) -> SpecGrader:
     """The checked spec loaded (`rldojo.graders.load`, the service's judge, no cache);
     ApiError(400) naming `param` for any mistake. Close it with ``await g.close()``."""
     from rldojo.graders.specs.loading import load
@@ -113,8 +113,9 @@ def load_grader(spec: Any, settings: ServiceSettings, param: str) -> SpecGrader:
         raise _bad(f"{param}: {exc}", param) from None
 
 
-def validate_grader(spec: Any, settings: ServiceSettings, param: str) -> dict[str, Any]:
+def validate_grader(spec: object, settings: ServiceSettings, param: str) -> dict[str, Any]:
     """`spec` as a dict once it loads (`load_grader`, then closed); ApiError(400)."""
-    grader = load_grader(spec, settings, param)
+    checked = checked_spec(spec, settings, param)
+    grader = load_grader(checked, settings, param)
     asyncio.run(grader.close())
-    return dict(spec)
+    return checked

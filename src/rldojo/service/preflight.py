@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rldojo.service.errors import ApiError
@@ -94,7 +94,7 @@ def _first_rows(path: str, n: int) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def grader_preflight(spec: Any, path: str, name: str, settings: ServiceSettings) -> None:
+def grader_preflight(spec: object, path: str, name: str, settings: ServiceSettings) -> None:
     """Refuse a grader that errors on every one of the first rows (module docstring)."""
     from rldojo.service.judge import load_grader
 
@@ -134,10 +134,15 @@ def signal_check(
     config = config_of(config_toml)
     use_judge_key(judge_api_key)
     return sample_signal(
-        config.model.name, RftEnv(**config.env.kwargs), load(config.grader.spec or {}),
-        prompts=prompts, samples=samples, max_tokens=max_tokens,
-        temperature=config.sampling.temperature, seed=config.run.seed,
-    )  # fmt: skip
+        config.model.name,
+        RftEnv(**config.env.kwargs),
+        load(config.grader.spec or {}),
+        prompts=prompts,
+        samples=samples,
+        max_tokens=max_tokens,
+        temperature=config.sampling.temperature,
+        seed=config.run.seed,
+    )
 
 
 def sample_signal(
@@ -186,31 +191,51 @@ SIGNAL_MAX = 16
 
 
 def signal_request(
-    ask: Any, who: str, source_of: Any, file_of: Any, spec: Any, settings: ServiceSettings
-) -> tuple[str, Any, dict[str, int]]:
+    ask: object,
+    who: str,
+    source_of: Callable[[str, str], str],
+    file_of: Callable[[str, str], dict[str, Any] | None],
+    settings: ServiceSettings,
+) -> tuple[str, dict[str, Any], dict[str, int]]:
     """The checked `signal` object of a `graders/run` request: (what loads the model, the
     training file's row, {prompts, samples}); `ApiError` 400/404 otherwise. `source_of`
     and `file_of` resolve a model name and a file id for the caller `who`."""
     if not isinstance(ask, Mapping) or not all(
         isinstance(ask.get(k), str) for k in ("model", "training_file")
     ):
-        raise ApiError(400, 'signal: expected {"model": NAME, "training_file": FILE_ID, '
-                       '"prompts"?: int, "samples"?: int}', param="signal")  # fmt: skip
-    sizes = {"prompts": ask.get("prompts", settings.signal_prompts or 4),
-             "samples": ask.get("samples", settings.signal_samples)}  # fmt: skip
+        raise ApiError(
+            400,
+            'signal: expected {"model": NAME, "training_file": FILE_ID, '
+            '"prompts"?: int, "samples"?: int}',
+            param="signal",
+        )
+    sizes = {
+        "prompts": ask.get("prompts", settings.signal_prompts or 4),
+        "samples": ask.get("samples", settings.signal_samples),
+    }
     for key, n in sizes.items():
         if not isinstance(n, int) or not 1 <= n <= SIGNAL_MAX:
-            raise ApiError(400, f"signal.{key}: expected 1..{SIGNAL_MAX}, got {n!r}",
-                           param=f"signal.{key}")  # fmt: skip
+            raise ApiError(
+                400, f"signal.{key}: expected 1..{SIGNAL_MAX}, got {n!r}", param=f"signal.{key}"
+            )
     row = file_of(who, ask["training_file"])
     if row is None:
-        raise ApiError(404, f"No such file: {ask['training_file']!r}",
-                       param="signal.training_file", code="not_found")  # fmt: skip
+        raise ApiError(
+            404,
+            f"No such file: {ask['training_file']!r}",
+            param="signal.training_file",
+            code="not_found",
+        )
     return source_of(who, ask["model"]), row, sizes
 
 
-def run_signal(source: str, row: Mapping[str, Any], sizes: Mapping[str, int], spec: Any,
-               settings: ServiceSettings) -> dict[str, Any]:  # fmt: skip
+def run_signal(
+    source: str,
+    row: Mapping[str, Any],
+    sizes: Mapping[str, int],
+    spec: object,
+    settings: ServiceSettings,
+) -> dict[str, Any]:
     """`graders/run`'s learning-signal check, in a thread of the service: the counts, the
     event's `message` and its `level`."""
     from rldojo.data.loading import DataError

@@ -136,8 +136,9 @@ def run_job(config_toml: str, run_dir: str, judge_api_key: str | None = None) ->
     phases.write(f"Loading model {config.model.name}")
     with (run / "train.log").open("a") as log:
         console = Console(file=log, width=120, force_terminal=False)
-        summary = run_training(config, run_dir=run, resume=resume, callbacks=[phases],
-                               console=console)  # fmt: skip
+        summary = run_training(
+            config, run_dir=run, resume=resume, callbacks=[phases], console=console
+        )
     return {
         k: v
         for k, v in summary.items()
@@ -165,8 +166,9 @@ def run_sft_job(
     with (run / "train.log").open("a") as log:
         console = Console(file=log, width=120, force_terminal=False)
         try:
-            summary = run_sft(config, stored, run_dir=run, resume=resume, callbacks=[phases],
-                              console=console)  # fmt: skip
+            summary = run_sft(
+                config, stored, run_dir=run, resume=resume, callbacks=[phases], console=console
+            )
         except DataError as exc:  # name the uploaded file, not where it is stored
             raise renamed(exc, stored, name or stored) from None
     out = {

@@ -291,13 +291,18 @@ class Scheduler:
     ) -> WorkerProcess | None:
         """The learning-signal check on the job's worker; returns the worker to train on
         (a new one when the check's was killed), None when the job stopped meanwhile."""
-        self.state.add_event(job_id, f"Checking the learning signal: {args[2]} prompts x "
-                             f"{args[3]} samples on the base model")  # fmt: skip
+        self.state.add_event(
+            job_id,
+            f"Checking the learning signal: {args[2]} prompts x "
+            f"{args[3]} samples on the base model",
+        )
         try:
             result = await worker.call(
-                signal_check, args, timeout_s=self.settings.signal_timeout_s,
+                signal_check,
+                args,
+                timeout_s=self.settings.signal_timeout_s,
                 label="the learning-signal check",
-            )  # fmt: skip
+            )
         except (CallError, CallTimeout, WorkerDied) as exc:
             message, level, data = f"Learning-signal check skipped: {exc}", "warn", {}
         else:

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import Request
 
 __all__ = ["ServiceSettings", "load_api_keys", "owner_of"]
 
@@ -51,8 +56,6 @@ class ServiceSettings:
     judge_api_key: str | None = field(default=None, repr=False)
     """The judge endpoint's API key (`--judge-api-key`, `RLDOJO_JUDGE_API_KEY`); never
     written to a job, event, config or log."""
-    extra_env: dict[str, str] = field(default_factory=dict)
-    """Environment variables for job workers (tests pass `RLDOJO_CACHE` this way)."""
     keep_checkpoints: int = 2
     """Checkpoints kept per job: the newest K (at least 1: the newest is the one a paused
     or restarted job resumes from, and the final model once the job succeeded). Older
@@ -80,6 +83,10 @@ class ServiceSettings:
 def owner_of(key: str) -> str:
     """The owner id of an API key (its SHA-256, shortened): stored instead of the key."""
     return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+Owner = Callable[["Request"], str]
+"""The routes' auth dependency: the owner id of a request's API key (a 401 without one)."""
 
 
 def load_api_keys(keys_file: Path | None = None, env: str | None = None) -> frozenset[str]:

@@ -157,7 +157,7 @@ class ServiceState:
         marks = ", ".join("?" for _ in statuses)
         return self._exec(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY seq", statuses)
 
-    def update_job(self, job_id: str, *, only_from: tuple[str, ...] = (), **fields: Any) -> bool:
+    def update_job(self, job_id: str, *, only_from: tuple[str, ...] = (), **fields: object) -> bool:
         """Set fields; with `only_from`, only while the status is one of those (atomic:
         a cancel and a finishing worker cannot both win). True if the row changed."""
         sets = ", ".join(f"{k}=?" for k in fields)
@@ -217,5 +217,6 @@ class ServiceState:
     def delete_checkpoints(self, job_id: str, steps: list[int]) -> None:
         """Forget a job's checkpoints at `steps` (their directories were deleted)."""
         marks = ", ".join("?" for _ in steps)
-        self._exec(f"DELETE FROM checkpoints WHERE job_id=? AND step IN ({marks})",
-                   (job_id, *steps))  # fmt: skip
+        self._exec(
+            f"DELETE FROM checkpoints WHERE job_id=? AND step IN ({marks})", (job_id, *steps)
+        )

@@ -133,8 +133,11 @@ class RunWatcher:
                 f"Validation at step {data['step']}: full_valid_loss {data['full_valid_loss']:.4f}"
             )
             self._add(job, "valid", data, message)
-        complete = [c for c in sorted((run_dir / "checkpoints").glob("step_*"))
-                    if (c / "state.json").exists()]  # fmt: skip
+        complete = [
+            c
+            for c in sorted((run_dir / "checkpoints").glob("step_*"))
+            if (c / "state.json").exists()
+        ]
         for ckpt in complete:
             self._checkpoint(job, ckpt, seen["steps"])
         self._prune(job, complete)
@@ -157,8 +160,7 @@ class RunWatcher:
                 continue
             if key not in seen["keys"]:
                 seen["keys"].add(key)
-                self.state.add_event(job["id"], message,
-                                     data={"kind": "progress", "line": line_no})  # fmt: skip
+                self.state.add_event(job["id"], message, data={"kind": "progress", "line": line_no})
         seen["progress"] = (offset + len(whole), line_no)
 
     def _prune(self, job: dict[str, Any], complete: list[Path]) -> None:

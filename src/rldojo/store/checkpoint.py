@@ -27,26 +27,33 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+
+class SavesPretrained(Protocol):
+    """What a checkpoint writes of a tokenizer (`rldojo.policy.base.Tokenizer` has it)."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str]) -> object: ...
 
 
 def save_checkpoint(
     directory: Path,
     *,
     model: Any,
-    tokenizer: Any,
+    tokenizer: SavesPretrained,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     step: int,
     state: dict[str, Any],
     model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     staged: Path | None = None,
 ) -> Path:
-    """Write a complete checkpoint for `step` and return its directory. `model_state`:
+    """Write a complete checkpoint for `step` and return its directory. `model`: a
+    transformers or a peft model (`Any`: their `save_pretrained` differ). `model_state`:
     the weights to write instead of `model`'s own (gathered from ranks), `optimizer_state`:
     the optimizer's state keyed by parameter name (`rldojo.training.distributed`), which
     loads on any world size, instead of `optimizer.state_dict()`. `staged`: the staging
@@ -62,8 +69,9 @@ def save_checkpoint(
     elif hasattr(model, "peft_config"):  # a LoRA adapter: the vocabulary is never resized,
         # so the base's embeddings stay out (and peft does not ask the hub about them);
         # sharded, from the gathered `model_state` (peft keeps its adapters' entries)
-        model.save_pretrained(tmp, safe_serialization=True, save_embedding_layers=False,
-                              state_dict=model_state)  # fmt: skip
+        model.save_pretrained(
+            tmp, safe_serialization=True, save_embedding_layers=False, state_dict=model_state
+        )
     elif model_state is not None:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state)
     else:
@@ -119,7 +127,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def load_trainer_state(
     checkpoint: Path,
     optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     load_by_name: Callable[[dict[str, Any]], None] | None = None,
     load_by_position: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
@@ -132,8 +140,10 @@ def load_trainer_state(
         pass  # the caller restores it from dcp/ (`rldojo.training.distributed`)
     elif blob.get("optimizer_by_name"):
         if load_by_name is None:
-            raise ValueError(f"{checkpoint}: its optimizer state is keyed by parameter name, "
-                             "which this run cannot read")  # fmt: skip
+            raise ValueError(
+                f"{checkpoint}: its optimizer state is keyed by parameter name, "
+                "which this run cannot read"
+            )
         load_by_name(blob["optimizer"])
     elif load_by_position is not None:
         load_by_position(blob["optimizer"])

@@ -159,8 +159,9 @@ class Ledger:
     def find_round(self, step: int | None, round: int) -> list[tuple[int, Rollout, Score]]:
         """The graded rollouts of one committed round, to reuse after a crash (in order).
         `step` None: the round id alone names it (the async producer's rounds)."""
-        where, args = ("round = ?", (round,)) if step is None else (
-            "step = ? AND round = ?", (step, round))  # fmt: skip
+        where, args = (
+            ("round = ?", (round,)) if step is None else ("step = ? AND round = ?", (step, round))
+        )
         rows = self._db.execute(
             f"SELECT id, {_COLUMNS} FROM rollouts WHERE {where} ORDER BY id", args
         ).fetchall()
@@ -187,21 +188,22 @@ class Ledger:
         for task_id, messages, completion, value, status, components in rows:
             conversation = json.loads(messages)
             first = first_policy_turn(conversation)
-            out.append({
-                "task_id": task_id, "prompt": conversation[:first], "completion": completion,
-                "reward": value, "components": json.loads(components), "status": status,
-            })  # fmt: skip
+            out.append(
+                {
+                    "task_id": task_id,
+                    "prompt": conversation[:first],
+                    "completion": completion,
+                    "reward": value,
+                    "components": json.loads(components),
+                    "status": status,
+                }
+            )
         return out
 
     def step_metrics(self) -> list[dict[str, Any]]:
         """Metrics of every finished step, in order."""
         rows = self._db.execute("SELECT step, metrics FROM steps ORDER BY step")
         return [{"step": step, **json.loads(m)} for step, m in rows]
-
-    def completion_lengths(self) -> list[int]:
-        """Completion length (tokens) of every rollout, in order."""
-        rows = self._db.execute("SELECT completion_ids FROM rollouts ORDER BY id")
-        return [len(json.loads(ids)) for (ids,) in rows]
 
     def export_parquet(self, path: str | Path) -> int:
         """Write every rollout row (JSON columns kept as text) to Parquet; returns the count."""
@@ -227,20 +229,54 @@ _COLUMNS = (
 
 
 def _decode(row: Sequence[Any]) -> tuple[Rollout, Score]:
-    (task_id, env, messages, completion, prompt_ids, completion_ids, mask, logprobs, entropies,
-     version, status, sample_index, seed, error, info, value, score_status, components, flags,
-     token_rewards, explanation, provenance) = row  # fmt: skip
+    (
+        task_id,
+        env,
+        messages,
+        completion,
+        prompt_ids,
+        completion_ids,
+        mask,
+        logprobs,
+        entropies,
+        version,
+        status,
+        sample_index,
+        seed,
+        error,
+        info,
+        value,
+        score_status,
+        components,
+        flags,
+        token_rewards,
+        explanation,
+        provenance,
+    ) = row
     rollout = Rollout(
-        task_id=task_id, env=env, messages=json.loads(messages), completion=completion,
-        prompt_ids=tuple(json.loads(prompt_ids)), completion_ids=tuple(json.loads(completion_ids)),
-        policy_mask=tuple(bool(m) for m in json.loads(mask)), logprobs=tuple(json.loads(logprobs)),
-        entropies=tuple(json.loads(entropies)), policy_version=version, status=status,
-        sample_index=sample_index, seed=seed, error=error, info=json.loads(info),
-    )  # fmt: skip
+        task_id=task_id,
+        env=env,
+        messages=json.loads(messages),
+        completion=completion,
+        prompt_ids=tuple(json.loads(prompt_ids)),
+        completion_ids=tuple(json.loads(completion_ids)),
+        policy_mask=tuple(bool(m) for m in json.loads(mask)),
+        logprobs=tuple(json.loads(logprobs)),
+        entropies=tuple(json.loads(entropies)),
+        policy_version=version,
+        status=status,
+        sample_index=sample_index,
+        seed=seed,
+        error=error,
+        info=json.loads(info),
+    )
     score = Score(
-        value=value, status=score_status, components=json.loads(components),
+        value=value,
+        status=score_status,
+        components=json.loads(components),
         flags=tuple(json.loads(flags)),
         token_rewards=None if token_rewards is None else tuple(json.loads(token_rewards)),
-        explanation=explanation, provenance=json.loads(provenance),
-    )  # fmt: skip
+        explanation=explanation,
+        provenance=json.loads(provenance),
+    )
     return rollout, score

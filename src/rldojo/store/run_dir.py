@@ -91,8 +91,9 @@ def _logged_steps(path: Path) -> list[int]:
     return steps
 
 
-def claim_run_dir(path: Path, *, command: str, resume: bool = False,
-                  overwrite: bool = False) -> Path | None:  # fmt: skip
+def claim_run_dir(
+    path: Path, *, command: str, resume: bool = False, overwrite: bool = False
+) -> Path | None:
     """Make `path` usable for a new run (or check it for a resume); returns where an
     overwritten run was moved, else None. Raises `RunDirError` with the one line to show."""
     if resume:
@@ -146,7 +147,10 @@ def resume_changes(
 
 def record_config_change(path: Path, event: str, changed: Mapping[str, tuple[Any, Any]]) -> None:
     """Append `{"time", "event", "changed": {key: [old, new]}}` to RUN/config_history.jsonl."""
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "event": event,
-              "changed": {k: list(v) for k, v in changed.items()}}  # fmt: skip
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "event": event,
+        "changed": {k: list(v) for k, v in changed.items()},
+    }
     with (path / "config_history.jsonl").open("a") as f:
         f.write(json.dumps(record, default=str) + "\n")

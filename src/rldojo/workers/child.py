@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -102,7 +102,9 @@ def _no_running_loop() -> Iterator[None]:
 
 
 @types.coroutine
-def _tracked(steps: Any, rid: int, running: RunningCall) -> Any:
+def _tracked(
+    steps: Coroutine[object, object, object], rid: int, running: RunningCall
+) -> Generator[object, object, object]:
     """Drive an awaitable's steps, noting in `running` whose code is on the CPU right now,
     so the reader thread can tell which call a blocked event loop is stuck in (and the
     parent, which call a crash happened in)."""

@@ -32,16 +32,23 @@ _RECHECK_S = 0.2
 
 
 async def wait_turn(
-    worker: WorkerProcess, rid: int, fut: asyncio.Future[Any], begun: asyncio.Future[Any],
-    timeout_s: float, label: str,
-) -> None:  # fmt: skip
+    worker: WorkerProcess,
+    rid: int,
+    fut: asyncio.Future[Any],
+    begun: asyncio.Future[Any],
+    timeout_s: float,
+    label: str,
+) -> None:
     """Return once call `rid` has begun (`begun`) or is answered (`fut`), or its worker is
     gone (or killed here as stuck: then its death answers the call)."""
     end = time.monotonic() + timeout_s
     progress = worker.begun
     while not (begun.done() or fut.done()) and worker.alive:
-        await asyncio.wait({begun, fut}, timeout=max(0.0, end - time.monotonic()),
-                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        await asyncio.wait(
+            {begun, fut},
+            timeout=max(0.0, end - time.monotonic()),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         if time.monotonic() >= end and worker.running.get() < 0:
             await worker.holder()  # asked: the messages it sent before answering are in
         running, now = worker.running.get(), time.monotonic()

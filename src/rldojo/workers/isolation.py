@@ -99,9 +99,12 @@ class IsolatedWorker:
         start_timeout_s: float = 60.0,
     ) -> None:
         self._pool = WorkerPool(
-            1, name="isolated worker", initializer=initializer, initargs=initargs,
+            1,
+            name="isolated worker",
+            initializer=initializer,
+            initargs=initargs,
             start_timeout_s=start_timeout_s,
-        )  # fmt: skip
+        )
         self._busy = False
 
     @property
@@ -116,32 +119,38 @@ class IsolatedWorker:
             raise RuntimeError("IsolatedWorker is closed")
         self._pool.start()
 
-    async def call(self, fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
+    async def call(
+        self, fn: Callable[..., T], *args: object, timeout_s: float, **kwargs: object
+    ) -> T:
         """Run `fn(*args, **kwargs)` in the child; see the module docstring for outcomes."""
         if self._busy:
             raise RuntimeError("IsolatedWorker runs one call at a time; use IsolatedPool")
         self._busy = True
         try:
             try:
-                return await self._call(fn, args, kwargs, timeout_s)  # type: ignore[no-any-return]
+                return await self._call(fn, args, kwargs, timeout_s)
             except WorkerDied:  # the idle child died since the last call (nothing of
                 pass  # ours ran): retry once
             try:
-                return await self._call(fn, args, kwargs, timeout_s)  # type: ignore[no-any-return]
+                return await self._call(fn, args, kwargs, timeout_s)
             except WorkerDied as exc:
                 raise IsolationCrash(f"worker process died before the call: {exc}") from None
         finally:
             self._busy = False
 
     async def _call(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        self,
+        fn: Callable[..., T],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
         timeout_s: float,
-    ) -> Any:  # fmt: skip
+    ) -> T:
         if self._pool.closed:
             raise RuntimeError("IsolatedWorker is closed")
         worker = self._pool.slot(0)
         try:
-            return await worker.call(fn, args, kwargs, timeout_s=timeout_s)
+            result: T = await worker.call(fn, args, kwargs, timeout_s=timeout_s)  # unpickled
+            return result
         except asyncio.CancelledError:
             self._restart(worker)  # the child is still busy with the abandoned call
             raise

@@ -68,7 +68,9 @@ class IsolatedPool:
         for worker in self._workers:
             worker.start()
 
-    async def call(self, fn: Callable[..., T], *args: Any, timeout_s: float, **kwargs: Any) -> T:
+    async def call(
+        self, fn: Callable[..., T], *args: object, timeout_s: float, **kwargs: object
+    ) -> T:
         """Run `fn(*args, **kwargs)` on a free worker; same outcomes as `IsolatedWorker.call`."""
         worker = await self._acquire()
         try:

@@ -41,9 +41,14 @@ class WorkerDied(RuntimeError):
     False when the call never reached the worker (nothing of it ran)."""
 
     def __init__(
-        self, message: str, *, culprit: bool = False, how: str = "",
-        init_error: ErrorInfo | None = None, sent: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        message: str,
+        *,
+        culprit: bool = False,
+        how: str = "",
+        init_error: ErrorInfo | None = None,
+        sent: bool = True,
+    ) -> None:
         super().__init__(message)
         self.culprit, self.how, self.init_error, self.sent = culprit, how, init_error, sent
 

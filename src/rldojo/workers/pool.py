@@ -35,10 +35,15 @@ class WorkerPool:
     """
 
     def __init__(
-        self, size: int, *, name: str = "worker",
-        initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = (),
-        start_timeout_s: float = 120.0, die_with_parent: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        size: int,
+        *,
+        name: str = "worker",
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
+        start_timeout_s: float = 120.0,
+        die_with_parent: bool = False,
+    ) -> None:
         if size < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {size}")
         try:  # fail here, not in a half-started child
@@ -49,9 +54,11 @@ class WorkerPool:
         self.counters = Counters()
         self.slots: list[WorkerProcess | None] = [None] * size
         self._spawn_kwargs: dict[str, Any] = {
-            "init_blob": init_blob, "start_timeout_s": start_timeout_s,
-            "die_with_parent": die_with_parent, "counters": self.counters,
-        }  # fmt: skip
+            "init_blob": init_blob,
+            "start_timeout_s": start_timeout_s,
+            "die_with_parent": die_with_parent,
+            "counters": self.counters,
+        }
         self._lock = threading.Lock()
         self.closed = False
 

@@ -65,7 +65,7 @@ log = logging.getLogger("rldojo.workers")
 _Waiter = tuple["asyncio.Future[Any]", asyncio.AbstractEventLoop]
 
 
-def _wake(waiter: _Waiter, value: Any, error: BaseException | None) -> None:
+def _wake(waiter: _Waiter, value: object, error: BaseException | None) -> None:
     fut, loop = waiter
 
     def settle() -> None:
@@ -98,10 +98,15 @@ class WorkerProcess:
     _ids = itertools.count()  # request ids, unique in this parent
 
     def __init__(
-        self, name: str, *, init_blob: bytes = pickle.dumps((None, ())),
-        start_timeout_s: float = 120.0, die_with_parent: bool = False,
-        counters: Counters | None = None, output: str | os.PathLike[str] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        *,
+        init_blob: bytes = pickle.dumps((None, ())),
+        start_timeout_s: float = 120.0,
+        die_with_parent: bool = False,
+        counters: Counters | None = None,
+        output: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.name, self.start_timeout_s = name, start_timeout_s
         self.counters = counters if counters is not None else Counters()
         mine, theirs = socket.socketpair()
@@ -150,10 +155,14 @@ class WorkerProcess:
     # ------------------------------------------------------------------ calls
 
     async def call(
-        self, fn: Callable[..., Any], args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None, *, timeout_s: float | None,
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None,
         label: str = "call",
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """Run `fn(*args, **kwargs)` in the worker; see the module docstring for outcomes.
         `label` names the call in timeout messages (`{label} took longer than 5s`)."""
         begun = asyncio.get_running_loop().create_future()
@@ -167,9 +176,13 @@ class WorkerProcess:
             self.deadlines.pop(rid, None)  # kept until now: calls behind it wait its fate
 
     def _submit(
-        self, op: str, payload: Any, *, reply: bool = True,
+        self,
+        op: str,
+        payload: object,
+        *,
+        reply: bool = True,
         begun: asyncio.Future[Any] | None = None,
-    ) -> tuple[int, asyncio.Future[Any]]:  # fmt: skip
+    ) -> tuple[int, asyncio.Future[Any]]:
         """Send a request; its reply (if `reply`) settles the returned future, the worker's
         word that it began running it settles `begun`."""
         loop = asyncio.get_running_loop()
@@ -198,9 +211,13 @@ class WorkerProcess:
             self._starting.pop(rid, None)
 
     async def _wait(
-        self, rid: int, fut: asyncio.Future[Any], begun: asyncio.Future[Any],
-        timeout_s: float | None, label: str,
-    ) -> Any:  # fmt: skip
+        self,
+        rid: int,
+        fut: asyncio.Future[Any],
+        begun: asyncio.Future[Any],
+        timeout_s: float | None,
+        label: str,
+    ) -> Any:
         killed = False
         try:
             if not await self._serving(fut):
@@ -236,8 +253,9 @@ class WorkerProcess:
                 return True
             ready = loop.create_future()
             self._ready_waiters.append((ready, loop))
-        done, _ = await asyncio.wait({ready, fut}, timeout=self.start_timeout_s,
-                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        done, _ = await asyncio.wait(
+            {ready, fut}, timeout=self.start_timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
         ready.cancel()  # if still pending: a later wake finds it done and leaves it
         return bool(done)
 
@@ -253,7 +271,7 @@ class WorkerProcess:
         except WorkerDied:
             return "dead"
         try:
-            return await asyncio.wait_for(fut, 1.0)  # type: ignore[no-any-return]
+            return await asyncio.wait_for(fut, 1.0)
         except WorkerDied:
             return "dead"
         except TimeoutError:
@@ -297,7 +315,7 @@ class WorkerProcess:
             self.kill("its reply could not be read")
         self._on_death()
 
-    def _on_ready(self, ok: bool, payload: Any) -> None:
+    def _on_ready(self, ok: bool, payload: ErrorInfo | None) -> None:
         if not ok:
             self.init_error = payload  # the child exits now: its death wakes the calls
             return
@@ -321,8 +339,9 @@ class WorkerProcess:
             self._starting.clear()  # a call not yet begun learns of the death from `fut`
             ready_waiters, self._ready_waiters = self._ready_waiters, []
         for rid, waiter in waiting.items():  # unknown cause (-1): everyone is suspect
-            error = WorkerDied(why, culprit=culprit in (rid, -1), how=self.how,
-                               init_error=self.init_error)  # fmt: skip
+            error = WorkerDied(
+                why, culprit=culprit in (rid, -1), how=self.how, init_error=self.init_error
+            )
             _wake(waiter, None, error)
         for waiter in ready_waiters:  # who waits for the start-up learns from its call
             _wake(waiter, None, None)

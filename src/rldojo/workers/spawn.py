@@ -52,10 +52,14 @@ def spawn(
     try:
         return subprocess.Popen(
             [sys.executable, "-c", CHILD_CODE, *args],
-            pass_fds=(fd, mem), stdin=subprocess.DEVNULL, close_fds=True,
-            stdout=log, stderr=log, env=child_environ(),
+            pass_fds=(fd, mem),
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+            stdout=log,
+            stderr=log,
+            env=child_environ(),
             start_new_session=True,  # its own group: killed with what it started
-        )  # fmt: skip
+        )
     finally:
         if log is not None:
             log.close()  # the child holds its own descriptors

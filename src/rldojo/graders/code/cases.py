@@ -34,7 +34,7 @@ class CallTest:
     """Call the entry point with `args`/`kwargs`; the result must match `expected`."""
 
     args: tuple[Any, ...]
-    expected: Any
+    expected: object
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     compare: Compare = "eq"
     tol: float = 0.0
@@ -101,7 +101,7 @@ class NotConstant(Exception):
     pass
 
 
-def _size_ok(value: Any) -> bool:
+def _size_ok(value: object) -> bool:
     return not isinstance(value, str | bytes | list | tuple) or len(value) <= 100_000
 
 
@@ -160,7 +160,7 @@ def _candidate_call(node: ast.AST, names: set[str]) -> tuple[ast.Call, str | Non
 
 
 def _call_test(
-    call: ast.Call, wrap: str | None, expected: Any, compare: str, tol: float = 0.0
+    call: ast.Call, wrap: str | None, expected: object, compare: str, tol: float = 0.0
 ) -> CallTest:
     if any(isinstance(a, ast.Starred) for a in call.args):
         raise NotConstant("starred")
@@ -282,7 +282,7 @@ _WRAPS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _wrapped(value: Any, wrap: str | None) -> Any:
+def _wrapped(value: object, wrap: str | None) -> object:
     if wrap is None:
         return value
     if not isinstance(value, list | tuple | set | frozenset | str | dict):
@@ -290,7 +290,7 @@ def _wrapped(value: Any, wrap: str | None) -> Any:
     return _WRAPS[wrap](value)
 
 
-def check_call(test: CallTest, value: Any) -> bool:
+def check_call(test: CallTest, value: object) -> bool:
     """Does a decoded output satisfy the test? (Type-strict; never runs candidate code.)"""
     try:
         value = _wrapped(value, test.wrap)
@@ -303,10 +303,11 @@ def check_call(test: CallTest, value: Any) -> bool:
     if test.compare in ("truthy", "falsy"):
         return type(value) is bool and value is (test.compare == "truthy")
     if test.compare == "close":
-        numbers = (int, float)
-        if type(value) not in numbers or type(test.expected) not in numbers:
+        numbers, expected = (int, float), test.expected
+        if type(value) not in numbers or type(expected) not in numbers:
             return False
-        return math.isfinite(value) and abs(value - test.expected) < test.tol
+        assert isinstance(value, int | float) and isinstance(expected, int | float)
+        return math.isfinite(value) and abs(value - expected) < test.tol
     return False
 
 

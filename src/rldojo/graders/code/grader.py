@@ -245,8 +245,12 @@ class CodeTestsGrader:
 
     def _provenance(self, attempts: int = 1) -> dict[str, Any]:
         mode = self._pool.probe.mode if self._pool is not None else "default"
-        return {"grader": self.name, "version": GRADER_VERSION, "sandbox": mode,
-                "attempts": attempts}  # fmt: skip
+        return {
+            "grader": self.name,
+            "version": GRADER_VERSION,
+            "sandbox": mode,
+            "attempts": attempts,
+        }
 
     def _harvest(self, replay: ReplaySuite) -> Harvest:
         key = hashlib.sha256(json.dumps(replay.__dict__, sort_keys=True).encode()).hexdigest()
@@ -280,8 +284,10 @@ class CodeTestsGrader:
         n_direct = len(suite.tests)
         results = [(passed(t, outcomes[i]), t.held_out) for i, t in enumerate(suite.tests)]
         if suite.replay is not None and harvest is not None:
-            tagged = [{"value": o.tagged} if o.has_value and not o.error else {}
-                      for o in outcomes[n_direct:]]  # fmt: skip
+            tagged = [
+                {"value": o.tagged} if o.has_value and not o.error else {}
+                for o in outcomes[n_direct:]
+            ]
             n_ok, n_all = code_replay.check(suite.replay, harvest, tagged, self.pool.execute)
             results += [(i < n_ok, False) for i in range(n_all)]
         flags = set()

@@ -18,7 +18,6 @@ from rldojo.graders.code.values import Unsupported, decode
 from rldojo.types import Score
 
 CANARY_PREFIX = "rldojo-canary-"
-SETUP_FAILED = 121
 _SUCCESS_MARKER = re.compile(
     r"all tests? passed|tests? passed|\bpassed\b|\bok\b|\bsuccess\b|\bPASS\b", re.IGNORECASE
 )
@@ -34,15 +33,15 @@ class Outcome:
     """What one test run of the candidate produced, as far as the parent can tell."""
 
     has_value: bool = False
-    value: Any = None
+    value: object = None
     stdout: str | None = None
     timeout: bool = False
     error: str = ""
     flags: set[str] = field(default_factory=set)
-    tagged: Any = None
+    tagged: object = None
 
 
-def _walk(value: Any) -> Iterable[Any]:
+def _walk(value: object) -> Iterable[object]:
     stack = [value]
     while stack:
         item = stack.pop()

@@ -28,11 +28,14 @@ import random
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from rldojo.graders.judges.cache import JudgeCache, cache_key
 from rldojo.graders.judges.injection import VerdictError
 from rldojo.types import Message, Score, ScoreStatus
+
+if TYPE_CHECKING:
+    from rldojo.inference.protocol import ChatEngine
 
 __all__ = [
     "EngineJudge",
@@ -177,7 +180,7 @@ class OpenAIJudge:
                 async with gate:
                     response = await client.chat.completions.create(
                         model=self.model,
-                        messages=request.messages,  # type: ignore[arg-type]
+                        messages=request.messages,
                         temperature=request.temperature,
                         top_p=request.top_p,
                         max_tokens=request.max_tokens,
@@ -216,7 +219,7 @@ class EngineJudge:
 
     kind = "in-process"
 
-    def __init__(self, engine: Any, *, owns_engine: bool = True) -> None:
+    def __init__(self, engine: ChatEngine, *, owns_engine: bool = True) -> None:
         self.engine = engine
         self.model = str(engine.model)
         self._owns = owns_engine

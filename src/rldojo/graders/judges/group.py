@@ -78,6 +78,7 @@ class GroupJudgeGrader:
     """Scores all samples of a group in one judge call (see the module docstring)."""
 
     version = "1"
+    supports_groups = True
 
     def __init__(
         self,
@@ -111,8 +112,9 @@ class GroupJudgeGrader:
         self.template_hash = hashlib.sha256(
             f"group/{self.version}\n{self.system}\n{instructions}\n{view}".encode()
         ).hexdigest()[:16]
-        self._gathering = GroupGathering(self.grade_group, name=name, group_size=group_size,
-                                         window_s=gather_window_s)  # fmt: skip
+        self._gathering = GroupGathering(
+            self.grade_group, name=name, group_size=group_size, window_s=gather_window_s
+        )
 
     # -------------------------------------------------------------- one explicit group
 

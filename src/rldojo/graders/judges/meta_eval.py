@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rldojo.data.loading import DataError, read_rows
-from rldojo.graders.base import Grader
+from rldojo.graders.base import Grader, judges_groups
 from rldojo.graders.offline import GradeRow, grade_rows, read_grade_rows, row_task_rollout
 from rldojo.types import Score
 
@@ -53,7 +53,7 @@ _TRUE = {"pass", "true", "yes", "1", "correct", "good"}
 _FALSE = {"fail", "false", "no", "0", "incorrect", "bad"}
 
 
-def normalise_label(value: Any) -> str:
+def normalise_label(value: object) -> str:
     """Booleans, 1/0 and yes/no style strings become ``pass``/``fail``; other strings stay."""
     if isinstance(value, bool):
         return "pass" if value else "fail"
@@ -161,8 +161,7 @@ async def length_bias(
 
 async def position_bias(grader: Grader, rows: Sequence[GradeRow]) -> dict[str, Any] | None:
     """Forward vs reversed presentation of each group (group judges only; else None)."""
-    grade_group = getattr(grader, "grade_group", None)
-    if grade_group is None or not getattr(grader, "supports_groups", True):
+    if not judges_groups(grader):
         return None
     groups: dict[str, list[int]] = defaultdict(list)
     pairs = [row_task_rollout(r, i) for i, r in enumerate(rows)]
@@ -175,16 +174,17 @@ async def position_bias(grader: Grader, rows: Sequence[GradeRow]) -> dict[str, A
         rollouts = [pairs[i][1] for i in idx]
         forward = list(range(len(idx)))
         a, b = await asyncio.gather(
-            grade_group(rollouts, task, order=forward),
-            grade_group(rollouts, task, order=forward[::-1]),
+            grader.grade_group(rollouts, task, order=forward),
+            grader.grade_group(rollouts, task, order=forward[::-1]),
         )
-        ok = [i for i in forward if a[i].ok and b[i].ok]
-        diffs += [abs(float(a[i].value) - float(b[i].value)) for i in ok]
+        ok = [i for i in forward if a[i].ok and b[i].ok]  # each holds a value
+        va, vb = [s.value or 0.0 for s in a], [s.value or 0.0 for s in b]
+        diffs += [abs(va[i] - vb[i]) for i in ok]
         last = len(idx) - 1
         if 0 in ok:
-            first_advantage.append(float(a[0].value) - float(b[0].value))
+            first_advantage.append(va[0] - vb[0])
         if last in ok:
-            first_advantage.append(float(b[last].value) - float(a[last].value))
+            first_advantage.append(vb[last] - va[last])
     return {
         "groups": sum(len(g) >= 2 for g in groups.values()),
         "mean_abs_change": sum(diffs) / len(diffs) if diffs else None,

@@ -49,6 +49,7 @@ from rldojo.graders.judges.injection import (
     nonce_for,
 )
 from rldojo.graders.token_rewards import quote_spans, spans_to_token_rewards
+from rldojo.policy.base import Tokenizer
 from rldojo.types import Rollout, Score, Task
 
 __all__ = [
@@ -89,7 +90,7 @@ TRACE_CRITERIA = (
 """Process criteria for `view="trace"`: right answers reached by wrong steps lose points."""
 
 
-def parse_criteria(raw: Any, field: str = "criteria") -> list[Criterion]:
+def parse_criteria(raw: object, field: str = "criteria") -> list[Criterion]:
     """Criteria from dicts with `id` (default c1, c2, ...), `text` or `criterion`, `points`."""
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise ValueError(f"{field}: expected a non-empty list of criteria")
@@ -203,7 +204,7 @@ class RubricGrader:
         max_tokens: int = 512,
         seed: int | None = 0,
         on_injection: Literal["flag", "invalid"] = "flag",
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | str | None = None,
         pass_threshold: float = 1.0,
     ) -> None:
         if view not in _VIEW_RULES:

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rldojo.graders.base import Grader
 from rldojo.graders.judges.cache import JudgeCache, default_cache_path
@@ -27,7 +27,7 @@ from rldojo.graders.judges.client import (
     OpenAIJudge,
 )
 from rldojo.graders.specs.common import GraderSpecError, check_keys, require
-from rldojo.graders.specs.embedding import make_embedder
+from rldojo.graders.specs.embedding import Embedder, make_embedder
 from rldojo.plugins import Registry
 from rldojo.types import Rollout, Score, Task
 
@@ -54,31 +54,39 @@ def register_grader_type(name: str, builder: Builder) -> None:
     GRADERS.register(name, builder, overwrite=True)
 
 
+@runtime_checkable
+class _Grades(Protocol):
+    """What a plugin's factory must return: a `Grader`, its `name` optional."""
+
+    async def grade(self, rollout: Rollout, task: Task) -> Score: ...
+
+
 class _NamedGrader:
     """A plugin's grader without a `name`: named after its type."""
 
-    def __init__(self, inner: Any, name: str) -> None:
+    def __init__(self, inner: _Grades, name: str) -> None:
         self.inner, self.name = inner, name
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
-        score: Score = await self.inner.grade(rollout, task)
-        return score
+        return await self.inner.grade(rollout, task)
 
 
-def _from_factory(kind: str, factory: Any, spec: Mapping[str, Any], path: str) -> Grader:
+def _from_factory(
+    kind: str, factory: Callable[..., object], spec: Mapping[str, Any], path: str
+) -> Grader:
     """The grader an installed or path factory returns for the table's other keys."""
     kwargs = {k: v for k, v in spec.items() if k != "type"}
     try:
         grader = factory(**kwargs)
     except (TypeError, ValueError) as exc:
         raise GraderSpecError(f"{path}: {kind}: {' '.join(str(exc).split())}") from None
-    if not callable(getattr(grader, "grade", None)):
+    if not isinstance(grader, _Grades):
         raise GraderSpecError(
             f"{path}.type: {kind} returned {type(grader).__name__}, which has no grade()"
         )
-    if not isinstance(getattr(grader, "name", None), str):
-        grader = _NamedGrader(grader, kind)
-    return grader  # type: ignore[no-any-return]
+    if isinstance(grader, Grader) and isinstance(grader.name, str):
+        return grader
+    return _NamedGrader(grader, kind)
 
 
 _JUDGE_KEYS = (
@@ -111,7 +119,7 @@ class LoadContext:
         self._cache_setting = cache
         self._cache: JudgeCache | None = cache if isinstance(cache, JudgeCache) else None
         self._clients: dict[str, JudgeClient] = {}
-        self._embedders: dict[str, Any] = {}
+        self._embedders: dict[str, Embedder] = {}
 
     @property
     def cache(self) -> JudgeCache | None:
@@ -121,7 +129,7 @@ class LoadContext:
             self._cache = JudgeCache(path)
         return self._cache
 
-    def build(self, spec: Any, path: str) -> Grader:
+    def build(self, spec: object, path: str) -> Grader:
         """The grader for one spec table (dispatch on its `type`)."""
         if not isinstance(spec, Mapping):
             raise GraderSpecError(f"{path}: expected a grader table, got {type(spec).__name__}")
@@ -136,13 +144,14 @@ class LoadContext:
         built: Grader = target(spec, self, path)
         return built
 
-    def judge_client(self, own: Any, default_model: str | None, path: str) -> JudgeClient:
+    def judge_client(self, own: object, default_model: str | None, path: str) -> JudgeClient:
         """The shared client for a grader's judge (its own `judge` table, else the wrapper's)."""
         if isinstance(self.judge, Mapping) or self.judge is None:
             config = dict(self.judge or {})
         else:  # a ready backend object
+            backend = self.judge
             if own is None:
-                return self._client("backend-object", lambda: self.judge)  # type: ignore[arg-type,return-value]
+                return self._client("backend-object", lambda: backend)
             config = {}
         if own is not None:
             if not isinstance(own, Mapping):
@@ -159,7 +168,7 @@ class LoadContext:
             self._clients[key] = JudgeClient(factory(), self.cache)
         return self._clients[key]
 
-    def embedder(self, own: Any, path: str) -> Any:
+    def embedder(self, own: object, path: str) -> Embedder:
         config = own if own is not None else self.embedding
         if not isinstance(config, Mapping):
             raise GraderSpecError(

@@ -11,11 +11,26 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rldojo.graders.specs.common import check_keys, require
 
-__all__ = ["make_embedder"]
+if TYPE_CHECKING:
+    from rldojo.inference.protocol import ChatEngine
+
+__all__ = ["Embedder", "make_embedder"]
+
+
+class Embedder(Protocol):
+    """An embedding model: texts in, one vector each."""
+
+    model: str
+
+    async def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+    async def aclose(self) -> None:
+        """Release its client or engine."""
+        ...
 
 
 class _OpenAIEmbedder:
@@ -41,7 +56,7 @@ class _OpenAIEmbedder:
 
 
 class _EngineEmbedder:
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: ChatEngine) -> None:
         self.engine, self.model = engine, engine.model
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -51,7 +66,7 @@ class _EngineEmbedder:
         self.engine.close()
 
 
-def make_embedder(config: Mapping[str, Any], path: str) -> Any:
+def make_embedder(config: Mapping[str, Any], path: str) -> Embedder:
     """An embedder from ``{base_url, model, api_key}`` or ``{backend="transformers", model}``."""
     check_keys(config, ("backend", "base_url", "model", "api_key"), path)
     model = require(config, "model", str, path)

@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rldojo.graders.base import Grader
+from rldojo.graders.base import Grader, judges_groups, pass_threshold_of
 from rldojo.graders.judges.cache import JudgeCache
 from rldojo.graders.judges.client import JudgeBackend, JudgeStats
 from rldojo.graders.specs.common import GraderSpecError, check_keys
@@ -80,7 +80,7 @@ class SpecGrader:
 
     @property
     def supports_groups(self) -> bool:
-        return hasattr(self.grader, "grade_group")
+        return judges_groups(self.grader)
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
         return await self.grader.grade(rollout, task)
@@ -88,10 +88,9 @@ class SpecGrader:
     async def grade_group(
         self, rollouts: Sequence[Rollout], task: Task, *, order: Sequence[int] | None = None
     ) -> list[Score]:
-        grade_group = getattr(self.grader, "grade_group", None)
-        if grade_group is None:
+        if not judges_groups(self.grader):
             raise TypeError(f"{self.name} does not judge groups")
-        return list(await grade_group(rollouts, task, order=order))
+        return list(await self.grader.grade_group(rollouts, task, order=order))
 
     def stats(self) -> JudgeStats:
         return self.context.stats()
@@ -168,6 +167,5 @@ def load(
     context = LoadContext(judge=judge, cache=cache, embedding=embedding)
     grader = context.build(inner, "spec")
     if threshold is None:
-        threshold = getattr(grader, "pass_threshold", None)
-    threshold = float(threshold) if threshold is not None else 1.0
-    return SpecGrader(grader, context, threshold, spec=inner)
+        threshold = pass_threshold_of(grader)
+    return SpecGrader(grader, context, float(threshold), spec=inner)

@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rldojo.graders.base import Grader
 from rldojo.graders.judges.client import (
@@ -62,7 +62,7 @@ __all__ = ["ModelGrader", "build_label_model", "build_score_model"]
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-def _content_text(content: Any, path: str) -> str:
+def _content_text(content: object, path: str) -> str:
     """A message's content as one template string (strings or OpenAI content parts)."""
     if isinstance(content, str):
         return content
@@ -75,7 +75,7 @@ def _content_text(content: Any, path: str) -> str:
     return "".join(texts)
 
 
-def parse_messages(raw: Any, path: str) -> list[Message]:
+def parse_messages(raw: object, path: str) -> list[Message]:
     """The `input` message list with validated roles and templates."""
     if not isinstance(raw, list) or not raw:
         raise GraderSpecError(f"{path}: expected a non-empty list of messages")
@@ -97,7 +97,11 @@ def parse_messages(raw: Any, path: str) -> list[Message]:
     return out
 
 
-class ModelGrader:
+V = TypeVar("V")
+"""A judge's parsed verdict: a score's number, a label."""
+
+
+class ModelGrader(Generic[V]):
     """Shared machinery of score_model and label_model: render, fence, ask, parse."""
 
     type = "model"
@@ -156,10 +160,10 @@ class ModelGrader:
         """The output-format instruction for this sample."""
         return self.output_rule.replace("@NONCE@", nonce)
 
-    def parse(self, reply: str, nonce: str) -> Any:
+    def parse(self, reply: str, nonce: str) -> V:
         raise NotImplementedError
 
-    def to_score(self, value: Any, provenance: dict[str, Any], flags: tuple[str, ...]) -> Score:
+    def to_score(self, value: V, provenance: dict[str, Any], flags: tuple[str, ...]) -> Score:
         raise NotImplementedError
 
     async def grade(self, rollout: Rollout, task: Task) -> Score:
@@ -188,7 +192,7 @@ class ModelGrader:
         return self.to_score(verdict.value, provenance, flags)
 
 
-class ScoreModelGrader(ModelGrader):
+class ScoreModelGrader(ModelGrader[float]):
     """`score_model`: a number within `range` from the judge."""
 
     type = "score_model"
@@ -226,7 +230,7 @@ class ScoreModelGrader(ModelGrader):
         return Score(value, components=components, flags=flags, provenance=provenance)
 
 
-class LabelModelGrader(ModelGrader):
+class LabelModelGrader(ModelGrader[str]):
     """`label_model`: 1.0 when the judge's label is one of `passing_labels`."""
 
     type = "label_model"

@@ -31,7 +31,7 @@ import ast
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rldojo import pyast
 from rldojo.graders.base import Grader
@@ -39,6 +39,9 @@ from rldojo.graders.openai_templates import item_view, sample_view
 from rldojo.graders.specs.common import GraderSpecError, check_keys, require
 from rldojo.graders.specs.context import LoadContext
 from rldojo.types import Rollout, Score, Task
+
+if TYPE_CHECKING:
+    from rldojo.sandbox.spec import ExecResult
 
 __all__ = ["DRIVER", "PythonGrader", "build_python", "check_source"]
 
@@ -133,7 +136,7 @@ class PythonGrader:
         provenance["wall_s"] = round(result.wall_s, 3)
         return self._outcome(result, provenance)
 
-    def _outcome(self, result: Any, provenance: dict[str, Any]) -> Score:
+    def _outcome(self, result: ExecResult, provenance: dict[str, Any]) -> Score:
         if result.status == "timeout":
             why = f"grade() ran past {self.timeout_s:g}s"
             return Score.failed("timeout", why, provenance=provenance)
@@ -202,14 +205,13 @@ def build_python(spec: Mapping[str, Any], ctx: LoadContext, path: str) -> Grader
     )
 
 
-def _score_range(value: Any, path: str) -> tuple[float, float]:
-    ok = (
+def _score_range(value: object, path: str) -> tuple[float, float]:
+    if (
         isinstance(value, list | tuple)
         and len(value) == 2
         and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
         and all(math.isfinite(v) for v in value)
         and value[0] < value[1]
-    )
-    if not ok:
-        raise GraderSpecError(f"{path}: expected [low, high] with low < high, got {value!r}")
-    return float(value[0]), float(value[1])
+    ):
+        return float(value[0]), float(value[1])
+    raise GraderSpecError(f"{path}: expected [low, high] with low < high, got {value!r}")

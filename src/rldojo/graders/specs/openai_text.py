@@ -39,6 +39,7 @@ from rldojo.graders.openai_templates import (
 from rldojo.graders.safe_expr import Expr, ExprError, compile_expr
 from rldojo.graders.specs.common import GraderSpecError, check_keys, require
 from rldojo.graders.specs.context import Builder, LoadContext
+from rldojo.graders.specs.embedding import Embedder
 from rldojo.graders.specs.openai_models import build_label_model, build_score_model
 from rldojo.graders.specs.openai_python import build_python
 from rldojo.graders.text_metrics import (
@@ -110,7 +111,7 @@ class TextSimilarityGrader:
         path: str,
         *,
         pass_threshold: float | None = None,
-        embedder: Any = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.name, self.input, self.reference, self.metric = name, input, reference, metric
         self.path = path
@@ -125,6 +126,8 @@ class TextSimilarityGrader:
             return Score.failed("invalid", str(exc), provenance=provenance)
         if self.metric == "cosine":
             try:
+                if self.embedder is None:
+                    raise ValueError("the cosine metric needs an embedding model")
                 a, b = await self.embedder.embed([text, reference])
             except Exception as exc:
                 why = f"embedding call failed: {type(exc).__name__}: {exc}"
