@@ -51,7 +51,7 @@ if [ "$DRY" = 1 ]; then
   COMMON=(--set model.name=tiny-random --set run.device=cpu --set run.threads=1
           --set run.steps=2 --set eval.every=1 --set eval.tasks=4 --set eval.before_tasks=2
           --set sampling.max_new_tokens=16 --set eval.max_new_tokens=16
-          --set sft.batch_size=4 --set sft.epochs=1 --set "run.max_minutes=$RL_MINUTES"
+          --set sft.batch_size=4 --set sft.run.epochs=1 --set "run.max_minutes=$RL_MINUTES"
           --set "model.lora.layers=[1]")  # tiny-random has 2 layers
   DEMOS_CRM=8; DEMOS_TTT=8; PROMPTS=2; GROUP=2; PROMPTS_TTT=2; STEPS_ARGS=()
 else
@@ -65,7 +65,7 @@ else
 fi
 CRM=(--set "rollout.prompts_per_step=$PROMPTS" --set "rollout.group_size=$GROUP")
 [ "$DRY" = 1 ] || CRM+=(--set eval.tasks=192 --set eval.before_tasks=16)
-SUCCESS_KL=(--set sft.epochs=1 --set sft.batch_size=8 --set loss.kl_coef=0.1
+SUCCESS_KL=(--set sft.run.epochs=1 --set sft.batch_size=8 --set loss.kl_coef=0.1
             --set sampling.temperature=0.5 --set loss.scale_adv_by_std=false
             --set env.kwargs.reward.collateral_penalty=0.0
             --set env.kwargs.reward.false_claim_penalty=0.0

@@ -56,7 +56,7 @@ DEFAULT_RUNS = ROOT / "runs" / "agentic-pipeline"
 DRY_OVERRIDES = [
     "model.name=tiny-random", "run.device=cpu", "run.threads=1", "run.steps=2",
     "eval.every=1", "eval.tasks=4", "eval.before_tasks=2", "sampling.max_new_tokens=16",
-    "eval.max_new_tokens=16", "sft.batch_size=4", "sft.epochs=1", "model.lora.layers=[1]",
+    "eval.max_new_tokens=16", "sft.batch_size=4", "sft.run.epochs=1", "model.lora.layers=[1]",
     "rollout.prompts_per_step=2", "rollout.group_size=2",
 ]  # fmt: skip
 CONFIGS = {
@@ -112,7 +112,7 @@ def paired_by_kind(
     of reasoning-gym datasets: one table per dataset)."""
     from rldojo.config import load_config
     from rldojo.eval.compare import paired_comparison, read_outcomes, success_rate
-    from rldojo.training.preflight import build_mixture
+    from rldojo.training.inputs import build_mixture
 
     if key is None:
         return {}

@@ -31,8 +31,11 @@ Timings are noisy; run on an idle machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import platform
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -60,6 +63,13 @@ def _overrides(args: argparse.Namespace, out: str) -> list[str]:
     ]
 
 
+def completion_lengths(ledger: Path) -> list[int]:
+    """Completion length (tokens) of every rollout in the run's ledger, in order."""
+    with contextlib.closing(sqlite3.connect(ledger)) as db:
+        rows = db.execute("SELECT completion_ids FROM rollouts ORDER BY id").fetchall()
+    return [len(json.loads(ids)) for (ids,) in rows]
+
+
 def train_wall_time(args: argparse.Namespace, lag: int, *extra: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         overrides = [*_overrides(args, out), f"rollout.max_policy_lag={lag}", *extra]
@@ -69,7 +79,7 @@ def train_wall_time(args: argparse.Namespace, lag: int, *extra: str) -> dict:
             started = time.perf_counter()
             steps = [trainer.step() for _ in range(args.steps)]
             wall = time.perf_counter() - started
-            lengths = trainer.ledger.completion_lengths()
+            lengths = completion_lengths(trainer.ledger.path)
         finally:
             trainer.close()
     q = statistics.quantiles(lengths, n=20)
@@ -106,14 +116,18 @@ def _rollouts_per_second(args: argparse.Namespace, workers: int) -> dict:
                                  f"rollout.workers={workers}"])  # fmt: skip
         trainer = Trainer(cfg, Path(out) / f"w{workers}")
         try:
-            assert trainer.ray_pool is not None
-            trainer.ray_pool.pids()  # actors up and models loaded before timing
-            tasks = trainer.tasks.draw(args.prompts)
+            assert trainer.experience.ray_pool is not None
+            trainer.experience.ray_pool.pids()  # actors up and models loaded before timing
+            tasks = trainer.experience.tasks.draw(args.prompts)
             requests = [(t, g, i) for i, t in enumerate(tasks) for g in range(args.group)]
-            trainer.ray_pool.publish(trainer.model, 0)
-            trainer.ray_pool.run(requests[: args.group], trainer.sampling(0), args.group)
+            trainer.experience.ray_pool.publish(trainer.model, 0)
+            trainer.experience.ray_pool.run(
+                requests[: args.group], trainer.experience.sampling(0), args.group
+            )
             started = time.perf_counter()
-            rollouts, _ = trainer.ray_pool.run(requests, trainer.sampling(1), args.group)
+            rollouts, _ = trainer.experience.ray_pool.run(
+                requests, trainer.experience.sampling(1), args.group
+            )
             wall = time.perf_counter() - started
         finally:
             trainer.close()

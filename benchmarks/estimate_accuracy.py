@@ -3,7 +3,7 @@
 For each config (the quickstart, i.e. the defaults; `examples/code_quickstart.toml`;
 `examples/agentic_arith_tools.toml`), in this order and in one process:
 
-1. the dry run (`rldojo.training.preflight.dry_run`): it calibrates generation and one
+1. the dry run (`rldojo.training.dry_run.dry_run`): it calibrates generation and one
    training micro-batch of the run's model on this machine, plays a few episodes of a
    multi-turn environment (`rldojo.training.estimate`) and prices a step; its wall time
    and the load average it was calibrated under are recorded too;
@@ -45,7 +45,7 @@ from results_io import add_result_args, write_result
 from rich.console import Console
 
 from rldojo.config import load_config
-from rldojo.training.preflight import dry_run
+from rldojo.training.dry_run import dry_run
 from rldojo.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -47,7 +47,7 @@ from rldojo.policy.lora import add_lora, load_adapter  # noqa: E402
 from rldojo.policy.models import load_model  # noqa: E402
 from rldojo.policy.transformers_backend import TransformersPolicy  # noqa: E402
 from rldojo.training.heldout import heldout_eval  # noqa: E402
-from rldojo.training.preflight import build_mixture, pass_threshold  # noqa: E402
+from rldojo.training.inputs import build_mixture, pass_threshold  # noqa: E402
 from rldojo.training.resources import resolve_resources  # noqa: E402
 
 

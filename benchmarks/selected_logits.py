@@ -58,7 +58,7 @@ def main() -> None:
             batches = []
             for _ in range(args.batches):
                 groups = (
-                    trainer.rollout_source()
+                    trainer.experience.rollout_source()
                     .collect(trainer.step_num, trainer.policy_updates)
                     .groups
                 )

@@ -30,14 +30,17 @@ DIR` for another folder, `--out FILE` for one file; `--dry` into a temporary fol
   (rldojo `loss.rho=0.2`; TRL `top_entropy_quantile=0.2`), clip 0.2 / clip-higher 0.28.
 
 What still differs is each library's own machinery, which is what this measures (the
-JSON records every setting): rldojo samples with its cached bf16 decode loop and takes
+JSON records every setting): rldojo samples with its cached decode loop and takes
 entropies from the sampler; TRL samples with HF `generate` and recomputes entropies in its
 training forward. TRL's loss is `loss_type="dapo"` (token-level, divided by all completion
 tokens of the optimizer step; rldojo divides by the selected tokens; under Adam the scale
 hardly matters) and its ρ threshold is taken per micro-batch of 8 (rldojo: over the whole
-batch of 64). Both train under bf16 autocast with fp32 master weights (TRL: `bf16=True`,
-`use_cpu=True`); both checkpoint activations (TRL: its default gradient checkpointing;
-rldojo: `optim.activation_checkpointing=true`, which keeps its shared-prompt KV path);
+batch of 64). Both train with fp32 master weights in the precision this machine's probe
+chooses (`rldojo.hardware.resolve_precision`: bf16 autocast where a bf16 matmul is fast,
+fp32 on an AVX2-only CPU, where bf16 is ~30x slower; rldojo `model.*=auto`, TRL
+`bf16=` the same choice, `use_cpu=True`); both checkpoint activations (TRL: its default
+gradient checkpointing; rldojo: `optim.activation_checkpointing=true`, which keeps its
+shared-prompt KV path);
 `--no-gc` turns it off on both sides. Dynamic sampling is off in rldojo, since TRL does
 not refill groups.
 
@@ -200,6 +203,14 @@ def cuda_peak_mib() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**20
 
 
+def machine_bf16() -> bool:
+    """Whether this machine trains under bf16 autocast: rldojo's own choice
+    (`model.autocast_bf16 = "auto"`, the matmul probe), which TRL's side is given too."""
+    from rldojo.hardware.precision import resolve_precision
+
+    return resolve_precision("auto", "auto", device=MODES["device"]).autocast_bf16
+
+
 def rldojo_overrides(steps: int, threads: int, run_dir: Path) -> list[str]:
     s = SHARED
     extra = [f"run.device={MODES['device']}", "run.report_to=[]",
@@ -240,7 +251,7 @@ def rldojo_overrides(steps: int, threads: int, run_dir: Path) -> list[str]:
 def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
     """Train `steps` steps with rldojo's `Trainer`; record times, rewards, memory, prompts.
 
-    The trainer's own task sampler (`trainer.tasks.draw`) draws every step's prompts up
+    The trainer's own task sampler (`trainer.experience.tasks.draw`) draws every step's prompts up
     front (its order is seeded and does not depend on training, so drawing early changes
     nothing); they are written to `io_dir/task_ids.json` for TRL and handed back to the
     trainer step by step.
@@ -255,7 +266,7 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
         cfg = load_config(None, rldojo_overrides(steps, threads, Path(tmp)))
         trainer = Trainer(cfg, Path(tmp) / "vs_trl")
         n = SHARED["prompts_per_step"]
-        planned = [trainer.tasks.draw(n) for _ in range(steps)]
+        planned = [trainer.experience.tasks.draw(n) for _ in range(steps)]
         (io_dir / "task_ids.json").write_text(json.dumps([[t.id for t in p] for p in planned]))
         drawn: list[list[str]] = []
 
@@ -265,7 +276,7 @@ def run_rldojo(steps: int, threads: int, io_dir: Path) -> dict[str, Any]:
             drawn.append([t.id for t in planned[len(drawn)]])
             return planned[len(drawn) - 1]
 
-        trainer.tasks.draw = next_planned  # type: ignore[method-assign]
+        trainer.experience.tasks.draw = next_planned  # type: ignore[method-assign]
         if MODES["dry"]:  # TRL loads a directory: the same tiny weights
             save_plain_model(trainer.model, trainer.tokenizer, io_dir / "tiny_model")
         before = {"rss_mib": rss_mib(), "peak_rss_mib": peak_rss_mib()}
@@ -334,11 +345,13 @@ def _rldojo_notes(threads: int) -> dict[str, Any]:
         "generation": "rldojo cached decode loop (sampling.py), precision per model.*=auto",
         "device": MODES["device"],
         "lora": LORA if MODES["lora"] else None,
-        "training_precision": "fp32 master weights, bf16 autocast (model.autocast_bf16=true)",
+        "training_precision": "fp32 master weights, "
+        + ("bf16 autocast" if machine_bf16() else "fp32")
+        + " (model.autocast_bf16=auto, this machine's probe)",
         "gradient_checkpointing": MODES["gc"],
         "loss": "clipped surrogate, clip-higher, sum over selected tokens / #selected tokens",
         "rho_scope": "batch (top 20% of the 64 sequences' policy tokens)",
-        "entropy_source": "sampler (bf16 decode loop, at the sampling temperature)",
+        "entropy_source": "sampler (its decode loop, at the sampling temperature)",
         "advantages": "group mean/std (population std)",
         "optimizer": "torch.optim.AdamW, lr 2e-5, betas (0.9, 0.99), no weight decay",
         "torch_threads": threads,
@@ -432,7 +445,7 @@ def trl_config(steps: int, output_dir: str, gradient_checkpointing: bool) -> Any
         top_entropy_quantile=s["rho"],
         mask_truncated_completions=False,
         use_cpu=MODES["device"] == "cpu",  # with bf16=True: bf16 autocast on CPU too
-        bf16=True,
+        bf16=machine_bf16(),  # the precision rldojo's side resolves on this machine
         gradient_checkpointing=gradient_checkpointing,
         shuffle_dataset=False,  # replay rldojo's prompt order exactly
         seed=s["seed"],
@@ -594,10 +607,12 @@ def _trl_settings(args: Any, model_dtype: str, threads_seen: list[int]) -> dict[
     settings = {k: _jsonable(getattr(args, k, None)) for k in keys}
     return settings | {
         "model_dtype": model_dtype,
-        "generation": "HF generate on the fp32 model; accelerate's bf16 autocast wraps forward",
-        "training_precision": "fp32 master weights, bf16 autocast (accelerate mixed precision)",
+        "generation": "HF generate on the fp32 model (under bf16 autocast where it trains so)",
+        "training_precision": "fp32 master weights, "
+        + ("bf16 autocast (accelerate mixed precision)" if machine_bf16() else "fp32")
+        + " (bf16= rldojo's probe choice on this machine)",
         "rho_scope": "micro-batch of 8 (torch.quantile per forward), as TRL implements it",
-        "entropy_source": "training forward (bf16 autocast)",
+        "entropy_source": "training forward (in its training precision)",
         "advantages": "group mean/std (TRL's std)",
         "torch_threads_seen": sorted(set(threads_seen)),
     }

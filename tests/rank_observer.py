@@ -8,7 +8,10 @@ torchrun or alone, with one observer around the optimizer step of an objective's
                      rank R SIGKILLs itself on call N, after writing the time to FILE
 
 `launch(tmp, module, ranks, args, env)` runs `rldojo ARGS` on `ranks` ranks (torchrun
-for more than one) with `tests/` on the path (coin_env) and one thread per rank.
+for more than one) with `tests/` on the path (coin_env) and one thread per rank. The
+processes fork from a warm interpreter (tests/warm.py: torch, transformers and rldojo
+imported): the launcher, and each rank through the stand-in `python` torchrun is given
+(`--no-python`); a rank that dies of a signal shows to torchrun as that signal's exit code.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import warm
 
 CHILD = """
 import importlib, os, signal, sys, time, torch
@@ -54,15 +59,17 @@ def launch(tmp: Path, module: str, ranks: int, args: list[str],
     """`rldojo ARGS` with the observer on `module`'s `clipped_step`, to the end."""
     script = tmp / "child.py"
     script.write_text(CHILD)
+    environ = child_env(**env)
     launcher = [sys.executable, str(script)]
-    if ranks > 1:
+    if ranks > 1:  # `-u`, as torchrun runs python
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node", str(ranks), str(script)]  # fmt: skip
-    return subprocess.run([*launcher, module, *args], capture_output=True, text=True,
-                          timeout=600, env=child_env(**env))  # fmt: skip
+                    "--nproc-per-node", str(ranks), "--no-python", warm.python(environ), "-u",
+                    str(script)]  # fmt: skip
+    return warm.run([*launcher, module, *args], capture_output=True, text=True, timeout=600,
+                    env=environ)  # fmt: skip
 
 
 def resume(command: str, run: Path, ranks: int) -> subprocess.CompletedProcess:
     """`rldojo COMMAND --resume RUN --nproc RANKS`, the one-command form."""
     line = [sys.executable, "-m", "rldojo", command, "--resume", str(run), "--nproc", str(ranks)]
-    return subprocess.run(line, capture_output=True, text=True, timeout=600, env=child_env())
+    return warm.run(line, capture_output=True, text=True, timeout=600, env=child_env())

@@ -352,7 +352,10 @@ def test_sft_then_distill_from_python(tmp_path):
     run = {"threads": 1, "output_dir": str(tmp_path), "steps": 1}
     sft = rldojo.sft({**base, "run": {**run, "name": "sft"}}, data=data)
     assert sft.summary["demonstrations"] == 4 and sft.checkpoint is not None
-    teacher = {"distill": {"teacher": str(sft.checkpoint)}, "run": {**run, "name": "distill"}}
+    teacher = {
+        "distill": {"teacher": str(sft.checkpoint), "batch_size": 2},
+        "run": {**run, "name": "distill"},
+    }
     distilled = rldojo.distill({**base, **teacher})
     assert distilled.stopped == "steps" and distilled.checkpoint is not None
     assert [m["kind"] for m in distilled.metrics()] == ["distill"]

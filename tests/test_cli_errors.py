@@ -72,7 +72,7 @@ def test_env_kwarg_value_the_factory_rejects_is_one_line(tmp_path, no_model_load
     result = runner.invoke(app, ["train", *TINY, "--set", "env.kwargs={levels=[9]}",
                                  "--set", out])  # fmt: skip
     line = _one_line_error(result, "levels")
-    assert line.startswith("error: --set env.kwargs: arith-v1: ")  # --set gave it, no file
+    assert line.startswith("error: --set env.kwargs.levels: arith-v1: ")  # --set gave it, no file
     assert not (tmp_path / "runs").exists()
 
 
@@ -193,7 +193,7 @@ def test_dry_run_prints_the_resolved_config_and_plan_and_writes_nothing(tmp_path
 
 
 def test_the_plan_prices_a_short_before_evaluation_by_its_tasks():
-    from rldojo.training.preflight import Plan
+    from rldojo.training.plan import Plan
 
     plan = Plan(steps=2, samples_per_step=4, max_samples_per_step=4, eval_tasks=4,
                 evaluations=3, before_tasks=1, parameters=1, prompt_tokens=1, gflops=1.0,
@@ -209,7 +209,8 @@ def test_the_plan_prices_a_short_before_evaluation_by_its_tasks():
 def test_the_plan_prices_every_turn_of_a_multi_turn_environment():
     from rldojo.config import load_config
     from rldojo.policy.models import load_model
-    from rldojo.training.preflight import check_inputs, make_plan
+    from rldojo.training.inputs import check_inputs
+    from rldojo.training.plan import make_plan
 
     model, tokenizer = load_model("tiny-random")
 
@@ -374,7 +375,8 @@ def test_an_env_rejecting_its_kwargs_is_named_once(tmp_path, no_model_load):
     kwargs = f'env.kwargs={{path="{data}", test_fraction=1.5}}'
     result = runner.invoke(app, ["train", *TINY, "--set", "env.id=math-v1", "--set", kwargs,
                                  "--dry-run"])  # fmt: skip
-    line = _one_line_error(result, "env.kwargs: math-v1: test_fraction must be in [0, 1)")
+    expected = "env.kwargs.test_fraction: math-v1: expected a value less than 1, got 1.5"
+    line = _one_line_error(result, expected)
     assert line.count("math-v1") == 1
 
 

@@ -21,7 +21,7 @@ from rldojo.envs.experts import EXPERTS, expert_for
 from rldojo.envs.registry import ENVS, EnvKwargsError, make_env
 from rldojo.graders import GraderSpecError, load
 from rldojo.graders.specs.context import GRADERS
-from rldojo.training.preflight import build_mixture
+from rldojo.training.inputs import build_mixture
 from rldojo.types import Rollout, Task
 
 runner = CliRunner()

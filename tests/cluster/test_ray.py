@@ -44,11 +44,11 @@ def local_ray():
 def test_training_through_ray_actors(tmp_path):
     trainer = Trainer(load_config(None, [*OVERRIDES, f"run.output_dir={tmp_path}"]), tmp_path / "r")
     try:
-        worker_pids = set(trainer.ray_pool.pids())
+        worker_pids = set(trainer.experience.ray_pool.pids())
         metrics = [trainer.step() for _ in range(2)]
         rows = trainer.ledger.count()
         # Rollouts really came from the actor processes, not the trainer's.
-        rollouts = trainer.rollout_source().collect(trainer.step_num, 0).rollouts
+        rollouts = trainer.experience.rollout_source().collect(trainer.step_num, 0).rollouts
     finally:
         trainer.close()
     assert rows == 2 * 4
@@ -61,7 +61,7 @@ def test_training_through_ray_actors(tmp_path):
 def test_dead_worker_is_replaced_and_work_redispatched(tmp_path):
     trainer = Trainer(load_config(None, [*OVERRIDES, f"run.output_dir={tmp_path}"]), tmp_path / "d")
     try:
-        pool = trainer.ray_pool
+        pool = trainer.experience.ray_pool
         _kill_and_wait(pool.actors[0])  # a worker dies between steps
         metrics = trainer.step()
         statuses = trainer.ledger.status_counts()
@@ -84,10 +84,10 @@ def test_async_pipeline_generates_on_ray_actors(tmp_path):
     overrides = [*OVERRIDES, "rollout.max_policy_lag=1", f"run.output_dir={tmp_path}", similar]
     trainer = Trainer(load_config(None, overrides), tmp_path / "a")
     try:
-        worker_pids = set(trainer.ray_pool.pids())
+        worker_pids = set(trainer.experience.ray_pool.pids())
         metrics = [trainer.step() for _ in range(3)]
         rows = [r for _, r, _ in trainer.ledger.find_round(None, 100)]  # producer batch 0
-        published = trainer.ray_pool._published[0]
+        published = trainer.experience.ray_pool._published[0]
     finally:
         trainer.close()
     assert all(m["rollout/samples"] == 4 for m in metrics)
@@ -110,7 +110,7 @@ def test_worker_killed_mid_rollout_is_replaced_and_its_share_rerun(tmp_path):
     # first share, so that share cannot finish before the kill, however fast it would run.
     never = ray.remote(resources={"rldojo-test-never": 1})(lambda: None).remote()
     try:
-        pool = trainer.ray_pool
+        pool = trainer.experience.ray_pool
         pool.pids()  # both actors up
         victim = pool.actors[0]
         original = pool._send

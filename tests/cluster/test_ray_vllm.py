@@ -67,12 +67,12 @@ def test_vllm_engines_on_ray_workers_train_while_the_trainer_steps(servable_dir,
     try:
         metrics = [trainer.step() for _ in range(3)]
         rows = [r for _, r, _ in trainer.ledger.find_round(None, 100)]
-        trainer.source.close()  # the producer stops (joined): the pool is the test's now
-        version, workers = trainer.policy_updates, trainer.ray_pool.describe()
+        trainer.experience.source.close()  # the producer stops (joined): the pool is the test's now
+        version, workers = trainer.policy_updates, trainer.experience.ray_pool.describe()
         # A pushed version reaches the engine: change the trainer's weights enough to change
         # its greedy tokens (a random final norm), publish, and the worker's
         # greedy rollouts of the same requests equal the trainer's own (native) sampler's.
-        pool, requests = trainer.ray_pool, [(t, 0, 7) for t in trainer.envs.draw(2)]
+        pool, requests = trainer.experience.ray_pool, [(t, 0, 7) for t in trainer.envs.draw(2)]
         greedy = SamplingParams(max_new_tokens=6, temperature=0.0, seed=0)
         old, _ = pool.run(requests, greedy, group_size=1)
         with torch.no_grad():
@@ -82,7 +82,7 @@ def test_vllm_engines_on_ray_workers_train_while_the_trainer_steps(servable_dir,
         trainer.policy.update_weights()  # the trainer's sampler keeps its own copy at lag 1
         new, _ = pool.run(requests, greedy, group_size=1)
         local = asyncio.new_event_loop().run_until_complete(
-            collect_rollouts(trainer.make_env, trainer.policy, requests, greedy)
+            collect_rollouts(trainer.experience.make_env, trainer.policy, requests, greedy)
         )
         pushed = pool.describe()[0]["version"]
     finally:

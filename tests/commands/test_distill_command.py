@@ -27,7 +27,7 @@ def test_distill_command_saves_a_loadable_student(tmp_path, tiny):
     out = tmp_path / "out"
     args = ["distill", "--teacher", "tiny-random", "--student", str(tmp_path / "student0"),
             "--divergence", "reverse", "--sequences", "student", "--steps", "2",
-            "--prompts-per-step", "2", "--max-new-tokens", "4", "--lr", "1e-3",
+            "--batch-size", "2", "--max-new-tokens", "4", "--lr", "1e-3",
             "--out", str(out), "--set", "eval.tasks=0", "--set", "run.report_to=[]"]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

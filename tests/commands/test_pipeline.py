@@ -20,7 +20,7 @@ from rldojo.training.stops import RunInterrupted
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "agentic_tictactoe.toml"
 TINY = ["model.name=tiny-random", "run.device=cpu", "run.threads=1", "run.steps=1",
         "eval.tasks=4", "eval.before_tasks=2", "sampling.max_new_tokens=8",
-        "eval.max_new_tokens=8", "sft.batch_size=4", "sft.epochs=1", "model.lora.layers=[1]",
+        "eval.max_new_tokens=8", "sft.batch_size=4", "sft.run.epochs=1", "model.lora.layers=[1]",
         "rollout.prompts_per_step=2", "rollout.group_size=2", "run.report_to=[]"]  # fmt: skip
 runner = CliRunner()
 
@@ -94,12 +94,13 @@ def test_a_pipeline_whose_sft_completed_runs_only_rl(pipe):
 
 @pytest.mark.slow
 def test_an_sft_adapter_is_merged_before_rl_adds_its_own(tmp_path):
-    """`sft.lora = true`: the SFT checkpoint holds an adapter; RL starts from it merged
-    into its base (PIPE/sft-merged) and trains fresh adapters (`model.lora`)."""
+    """SFT under `model.lora` (the recipe's `[sft.model]` table emptied): the SFT
+    checkpoint holds an adapter; RL starts from it merged into its base (PIPE/sft-merged)
+    and trains fresh adapters (`model.lora`)."""
     from rldojo.policy.lora import is_adapter_dir
 
     pipe = tmp_path / "ttt"
-    result = _pipeline(pipe, "--set", "sft.lora=true", "--set", "eval.tasks=2")
+    result = _pipeline(pipe, "--set", "sft.model={}", "--set", "eval.tasks=2")
     assert result.exit_code == 0, result.output
     sft = json.loads((pipe / "sft" / "summary.json").read_text())
     assert is_adapter_dir(Path(sft["checkpoint"]))

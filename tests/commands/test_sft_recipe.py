@@ -42,7 +42,7 @@ def test_demos_then_sft_then_rl_from_the_sft_checkpoint(path, tmp_path):
     # a recipe's LoRA layers name SmolLM2's 30; tiny-random has 2: adapt its top one
     layers = ["model.lora.layers=[1]"] if config["model"].get("lora", {}).get("layers") else []
     result = runner.invoke(app, ["sft", str(path), "--data", str(demos),
-                                 *_sets(*TINY, *layers, out, "sft.epochs=1")])  # fmt: skip
+                                 *_sets(*TINY, *layers, out, "sft.run.epochs=1")])  # fmt: skip
     assert result.exit_code == 0, result.output
     sft_dir = tmp_path / f"{config['run']['name']}-sft"
     summary = json.loads((sft_dir / "summary.json").read_text())
@@ -51,7 +51,8 @@ def test_demos_then_sft_then_rl_from_the_sft_checkpoint(path, tmp_path):
     checkpoint = summary["checkpoint"]
     # the comment's checkpoint name is the one this recipe writes at full size
     steps = -(-int(re.search(r"--n (\d+)", comment).group(1)) // config["sft"]["batch_size"])
-    assert f"step_{steps * config['sft']['epochs']:06d}" in comment
+    epochs = config["sft"].get("run", {}).get("epochs", 2)  # run.epochs for SFT alone
+    assert f"step_{steps * epochs:06d}" in comment
     result = runner.invoke(app, ["train", str(path), *_sets(*TINY, *layers, out, "run.steps=1",
                                  f"model.name={checkpoint}", "rollout.prompts_per_step=2",
                                  "rollout.group_size=2")])  # fmt: skip

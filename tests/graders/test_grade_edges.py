@@ -14,7 +14,7 @@ from rldojo.config import TrainConfig
 from rldojo.graders.openai_templates import TemplateError
 from rldojo.graders.template_check import check_spec_templates, spec_templates
 from rldojo.report.metrics import read_metrics
-from rldojo.training.preflight import build_mixture, pass_threshold
+from rldojo.training.inputs import build_mixture, pass_threshold
 
 runner = CliRunner()
 ROWS = [

@@ -32,7 +32,7 @@ def _overlapping(trainer: Trainer) -> Trainer:
 
     def update_after_the_next_batch(*args, **kwargs):
         deadline = time.monotonic() + 120
-        while trainer.source is None or trainer.source._queue.qsize() < 1:
+        while trainer.experience.source is None or trainer.experience.source._queue.qsize() < 1:
             assert time.monotonic() < deadline, "no batch was generated during the step"
             time.sleep(0.01)
         return update(*args, **kwargs)
@@ -82,7 +82,7 @@ def test_producer_failure_is_raised_not_hung(tmp_path, monkeypatch):
     def broken(n):
         raise OSError("task store unavailable")
 
-    monkeypatch.setattr(trainer.tasks, "draw", broken)
+    monkeypatch.setattr(trainer.experience.tasks, "draw", broken)
     try:
         with pytest.raises(RuntimeError, match="rollout producer failed"):
             trainer.step()
@@ -129,7 +129,7 @@ def test_async_resume_redraws_untrained_batches_and_reuses_committed_ones(tmp_pa
     cfg = first.config
     second = Trainer(cfg, tmp_path / "lag1", resume=True)
     try:
-        assert second.step_num == 2 and second.async_next_batch == 2
+        assert second.step_num == 2 and second.experience.async_next_batch == 2
         metrics = [second.step() for _ in range(2)]
         rows = second.ledger._db.execute(
             "SELECT round, task_id, sample_index, trained FROM rollouts WHERE round >= 100"
@@ -172,4 +172,4 @@ def test_the_curriculum_learns_on_every_source(tmp_path, lag):
     finally:
         trainer.close()
     assert metrics[-1]["curriculum/observed"] > 0
-    assert trainer.tasks.curriculum is trainer.curriculum
+    assert trainer.experience.tasks.curriculum is trainer.experience.curriculum

@@ -28,12 +28,12 @@ def _trainer(tmp_path, lag):
 def _record_callers(trainer: Trainer) -> list[tuple[str, str, bool]]:
     """Every call into the curriculum as (method, calling thread, source started)."""
     calls: list[tuple[str, str, bool]] = []
-    curriculum = trainer.curriculum
+    curriculum = trainer.experience.curriculum
     for name in ("draw", "observe", "metrics", "state_dict", "load_state_dict"):
         method = getattr(curriculum, name)
 
         def recorded(*args, _name=name, _method=method, **kwargs):
-            started = trainer.source is not None
+            started = trainer.experience.source is not None
             calls.append((_name, threading.current_thread().name, started))
             return _method(*args, **kwargs)
 
@@ -50,7 +50,7 @@ def test_under_async_rollouts_only_the_producer_touches_the_curriculum(tmp_path)
     try:
         metrics = [trainer.step() for _ in range(2)]
         trainer.save()
-        producer = trainer.source._thread.name
+        producer = trainer.experience.source._thread.name
     finally:
         trainer.close()
     after_start = {(name, thread) for name, thread, started in calls if started}
@@ -63,7 +63,7 @@ def test_sync_rollouts_log_the_curriculum_after_the_step_observed(tmp_path):
     trainer = _trainer(tmp_path, lag=0)
     try:
         metrics = trainer.step()
-        expected = trainer.curriculum.metrics()  # no other thread: safe to read here
+        expected = trainer.experience.curriculum.metrics()  # no other thread: safe to read here
     finally:
         trainer.close()
     assert {k: v for k, v in metrics.items() if k.startswith("curriculum/")} == expected
@@ -79,7 +79,7 @@ def test_async_checkpoint_holds_the_observations_of_every_trained_batch(tmp_path
     trainer = _trainer(tmp_path, lag=1)
     try:
         metrics = [trainer.step() for _ in range(steps)]
-        state = trainer.source.checkpoint_state()
+        state = trainer.experience.source.checkpoint_state()
         rows = trainer.ledger._db.execute(
             "SELECT DISTINCT task_id FROM rollouts WHERE round < ?", (100 + steps,)
         ).fetchall()

@@ -84,7 +84,7 @@ def test_curriculum_retires_saturated_tasks_across_resume(tmp_path):
     try:
         metrics = trainer.step()
         seen = {r["task_id"] for r in trainer.ledger.samples(0, limit=100)}
-        state = trainer.curriculum.state_dict()
+        state = trainer.experience.curriculum.state_dict()
         trainer.save()
     finally:
         trainer.close()
@@ -93,8 +93,8 @@ def test_curriculum_retires_saturated_tasks_across_resume(tmp_path):
     assert len(seen) == 2
     resumed = Trainer(load_config(None, overrides), tmp_path / "c", resume=True)
     try:
-        assert resumed.curriculum.state_dict() == state
-        drawn = {t.id for t in resumed.tasks.draw(18)}
+        assert resumed.experience.curriculum.state_dict() == state
+        drawn = {t.id for t in resumed.experience.tasks.draw(18)}
         assert not seen & drawn  # retired tasks are not drawn again
     finally:
         resumed.close()

@@ -42,7 +42,7 @@ def fast_tiny_model(tiny, monkeypatch):
     """Reuse the session's tiny model and tokenizer instead of rebuilding them per run."""
     model, tokenizer = tiny
     monkeypatch.setattr(
-        "rldojo.training.trainer.load_model", lambda name, **kw: (copy.deepcopy(model), tokenizer)
+        "rldojo.training.run.load_model", lambda name, **kw: (copy.deepcopy(model), tokenizer)
     )
 
 

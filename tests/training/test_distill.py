@@ -84,7 +84,7 @@ def test_distill_moves_the_student_towards_the_teacher(tiny, tmp_path, divergenc
     cfg = load_config(None, [
         f"model.name={tmp_path / 'student'}", "model.autocast_bf16=false", "env.id=arith-v1",
         f"distill.teacher={tmp_path / 'teacher'}", f"distill.divergence={divergence}",
-        f"distill.sequences={sequences}", "run.steps=3", "rollout.prompts_per_step=3",
+        f"distill.sequences={sequences}", "run.steps=3", "distill.batch_size=3",
         "sampling.max_new_tokens=6", "sampling.temperature=1.0", "optim.lr=3e-3",
         "optim.warmup_steps=0", "optim.schedule=constant", "optim.micro_batch_size=2",
         "eval.tasks=0", "run.report_to=[]", "run.threads=1",

@@ -1,5 +1,5 @@
 """The dry run's calibrated estimate (`rldojo.training.estimate`) and its reasoning-budget
-warning (`rldojo.training.preflight.reasoning_warnings`), on tiny-random. Timings are never
+warning (`rldojo.training.dry_run.reasoning_warnings`), on tiny-random. Timings are never
 asserted: what is checked is what the estimate is made of and how it scales."""
 
 from __future__ import annotations
@@ -14,14 +14,10 @@ from tiny_config import tiny_overrides
 
 from rldojo.config import load_config
 from rldojo.policy.models import load_model
+from rldojo.training.dry_run import REASONING_MIN_TOKENS, dry_run, reasoning_warnings
 from rldojo.training.estimate import PLAYED_EPISODES, Calibration, StepCost, calibrate
-from rldojo.training.preflight import (
-    REASONING_MIN_TOKENS,
-    build_mixture,
-    dry_run,
-    make_plan,
-    reasoning_warnings,
-)
+from rldojo.training.inputs import build_mixture
+from rldojo.training.plan import make_plan
 
 TINY = tiny_overrides(
     "model.generation_dtype=float32", "sampling.max_new_tokens=6", "optim.micro_batch_size=2",

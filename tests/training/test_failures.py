@@ -18,7 +18,7 @@ from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.function_reward import rows_to_tasks
 from rldojo.envs.registry import register
 from rldojo.envs.reward_functions import FunctionGrader
-from rldojo.training.failures import FailureBudget
+from rldojo.training.failure_budget import FailureBudget
 from rldojo.training.stops import GradeFailure
 from rldojo.types import Rollout, Score, Task
 

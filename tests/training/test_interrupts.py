@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm
 
 from rldojo.config import load_config
 from rldojo.training.interrupts import Interrupts
@@ -44,8 +45,9 @@ def _steps_logged(run: Path, kind: str = "train") -> int:
 
 def _start(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    return subprocess.Popen([sys.executable, "-m", "rldojo.cli", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    # forked from a warm interpreter (tests/warm.py), its signals its own as in any process
+    return warm.Popen([sys.executable, "-m", "rldojo.cli", *args], env=env, text=True,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
 
 
 def test_sigint_stops_after_the_step_in_flight_with_a_checkpoint_and_resumes(tmp_path):
@@ -84,7 +86,7 @@ def test_sigterm_stops_sft_after_its_step_with_a_checkpoint(tmp_path):
             "tools": None, "passed": True, "task_id": "t", "env": "arith-v1"}  # fmt: skip
     data.write_text(json.dumps(demo) + "\n")
     run = tmp_path / "s"
-    sets = ["model.name=tiny-random", "eval.tasks=0", "sft.epochs=10000", "sft.batch_size=1",
+    sets = ["model.name=tiny-random", "eval.tasks=0", "run.epochs=10000", "sft.batch_size=1",
             "run.report_to=[]", "run.threads=1"]  # fmt: skip
     proc = _start(["sft", "--data", str(data), "--run-dir", str(run),
                    *[a for s in sets for a in ("--set", s)]])  # fmt: skip

@@ -15,7 +15,7 @@ from rldojo.envs.base import SingleTurnEnv
 from rldojo.envs.registry import register
 from rldojo.training.grpo import GrpoObjective
 from rldojo.training.loop import run_training
-from rldojo.training.trainer import Trainer
+from rldojo.training.run import Run
 from rldojo.types import Score, Task
 
 pytestmark = pytest.mark.slow  # loads tiny-random or starts the CLI
@@ -92,9 +92,9 @@ def test_a_run_crashed_anywhere_in_the_loop_logs_as_one_never_stopped(tmp_path, 
     run = tmp_path / "crash"
     crashes = [
         # In the evaluation after step 1: it is part of step 1, redone with it.
-        (Trainer, "evaluate", lambda self, label, progress=None: label == "step_1"),
+        (Run, "evaluate", lambda self, label, progress=None: label == "step_1"),
         # In the final checkpoint, after step 2 logged its metrics and evaluations.
-        (Trainer, "save", lambda self: self.step_num == 2),
+        (Run, "save", lambda self, state: self.step_num == 2),
         # After the final checkpoint: the resumed run has nothing left to log.
         (GrpoObjective, "summary", lambda self: True),
     ]

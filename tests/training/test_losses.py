@@ -523,7 +523,7 @@ def test_is_weights_scale_each_token_policy_term():
 
 
 def test_token_advantages_add_per_token_rewards():
-    from rldojo.training.trainer import token_advantages
+    from rldojo.training.update import token_advantages
     from rldojo.types import Score
 
     adv = torch.tensor([0.5, -1.0])

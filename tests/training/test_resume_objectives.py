@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm
 from safetensors.torch import load_file
 
 from rldojo.store.checkpoint import latest_checkpoint
@@ -55,8 +56,9 @@ def _child(tmp: Path, module: str, kill_at: int, args: list[str]) -> subprocess.
     tests = str(Path(__file__).parents[1])  # coin_env: a random model's groups have signal
     path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    return subprocess.run([sys.executable, str(script), module, str(kill_at), *args],
-                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    # forked from a warm interpreter (tests/warm.py): nine runs, not nine imports of torch
+    return warm.run([sys.executable, str(script), module, str(kill_at), *args],
+                    capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
@@ -71,16 +73,16 @@ def _sft_case(tmp: Path) -> tuple[str, list[str], list[str]]:
              "tools": None, "passed": True, "task_id": f"t{i}", "env": "arith-v1"}
             for i, (q, a) in enumerate(DEMOS)]  # fmt: skip
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    sets = ["model.name=tiny-random", "sft.epochs=2", "sft.batch_size=1", "sft.lr=1e-3", *COMMON]
-    return "rldojo.training.sft", ["sft", "--data", str(data), *_sets(sets)], ["sft"]
+    sets = ["model.name=tiny-random", "run.epochs=2", "sft.batch_size=1", "optim.lr=1e-3", *COMMON]
+    return "rldojo.training.run", ["sft", "--data", str(data), *_sets(sets)], ["sft"]
 
 
 def _distill_case(student: Path) -> tuple[str, list[str], list[str]]:
     sets = [f"model.name={student}", "distill.teacher=tiny-random",
             "distill.sequences=student", "distill.divergence=reverse", "run.steps=6",
-            "rollout.prompts_per_step=2", "sampling.max_new_tokens=4", "optim.lr=1e-3",
+            "distill.batch_size=2", "sampling.max_new_tokens=4", "optim.lr=1e-3",
             *COMMON]  # fmt: skip
-    return "rldojo.training.distill", ["distill", *_sets(sets)], ["distill"]
+    return "rldojo.training.run", ["distill", *_sets(sets)], ["distill"]
 
 
 def _grpo_case(tmp: Path) -> tuple[str, list[str], list[str]]:

@@ -151,8 +151,8 @@ def test_sft_lowers_the_loss_on_its_demonstrations_and_writes_a_train_checkpoint
     _write_demos(data, tiny)
     longest = _longest_turns(data, tiny[1])
     limit = sorted(longest)[2]  # some demonstrations' tool call is longer, some not
-    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "sft.epochs=12",
-                             "sft.lr=1e-2", "sft.batch_size=6", "optim.micro_batch_size=4",
+    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "run.epochs=12",
+                             "optim.lr=1e-2", "sft.batch_size=6", "optim.micro_batch_size=4",
                              f"sampling.max_new_tokens={limit}", "eval.max_new_tokens=512",
                              "run.report_to=[]", "run.threads=1"])  # fmt: skip
     out = io.StringIO()
@@ -199,7 +199,7 @@ def test_sft_evaluates_before_and_after_on_the_heldout_tasks(tiny, tmp_path):
     _write_demos(data, tiny, n=2)
     cfg = load_config(None, ["model.name=tiny-random", "env.id=arith-tools-v1",
                              'env.kwargs={levels = [1], python = "off"}', "eval.tasks=3",
-                             "eval.before_tasks=2", "eval.max_new_tokens=8", "sft.epochs=1",
+                             "eval.before_tasks=2", "eval.max_new_tokens=8", "run.epochs=1",
                              "run.report_to=[]", "run.threads=1"])  # fmt: skip
     out = io.StringIO()
     summary = run_sft(cfg, data, run_dir=tmp_path / "run", console=Console(file=out, width=200))
@@ -220,13 +220,13 @@ def test_sft_evaluates_before_and_after_on_the_heldout_tasks(tiny, tmp_path):
         assert [json.loads(r)["task_id"] for r in rows] == expected
 
 
-@pytest.mark.parametrize("skip", ["eval.before=false", "sft.eval_before=false"])
+@pytest.mark.parametrize("skip", ["eval.before=false", "sft.eval.before=false"])
 def test_either_key_skips_the_starting_models_evaluation(tiny, tmp_path, skip):
     data = tmp_path / "demos.jsonl"
     _write_demos(data, tiny, n=2)
     cfg = load_config(None, ["model.name=tiny-random", "env.id=arith-tools-v1",
                              'env.kwargs={levels = [1], python = "off"}', "eval.tasks=2",
-                             "eval.max_new_tokens=4", "sft.epochs=1", "run.report_to=[]",
+                             "eval.max_new_tokens=4", "run.epochs=1", "run.report_to=[]",
                              "run.threads=1", skip])  # fmt: skip
     summary = run_sft(cfg, data, run_dir=tmp_path / "run")
     assert set(summary["evals"]) == {"after"}
@@ -290,7 +290,7 @@ def test_a_nan_gradient_skips_its_step_counted_and_warned(tiny, tmp_path, monkey
     monkeypatch.setattr(sft_module, "sft_step", poisoned)
     data = tmp_path / "demos.jsonl"
     _write_demos(data, tiny)
-    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "sft.epochs=3",
+    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "run.epochs=3",
                              "sft.batch_size=6", "run.report_to=[]", "run.threads=1"])  # fmt: skip
     out = io.StringIO()
     summary = run_sft(cfg, data, run_dir=tmp_path / "run", console=Console(file=out, width=200))
@@ -309,7 +309,7 @@ def test_a_nan_gradient_skips_its_step_counted_and_warned(tiny, tmp_path, monkey
 
 @pytest.mark.parametrize("sft_lora", [True, False])
 def test_sft_lora_false_trains_every_weight_and_rl_adds_the_adapters(tiny, tmp_path, sft_lora):
-    """`model.lora` is set for the RL stage; `sft.lora = false` keeps it out of SFT: the
+    """`model.lora` is set for the RL stage; `[sft.model] lora = "none"` keeps it out of SFT: the
     checkpoint holds full, changed weights, and RL's loader wraps them in fresh adapters."""
     pytest.importorskip("peft", reason="the `lora` extra (peft) is not installed")
     from rldojo.policy.lora import is_peft_model
@@ -319,10 +319,10 @@ def test_sft_lora_false_trains_every_weight_and_rl_adds_the_adapters(tiny, tmp_p
     data = tmp_path / "demos.jsonl"
     _write_demos(data, tiny, n=3)
     lora = "model.lora={r = 4, alpha = 8, target_modules = ['q_proj', 'v_proj']}"
-    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "sft.epochs=1",
-                             "sft.lr=1e-2", "sft.warmup_steps=0", "run.report_to=[]",
+    cfg = load_config(None, ["model.name=tiny-random", "eval.tasks=0", "run.epochs=1",
+                             "optim.lr=1e-2", "optim.warmup_steps=0", "run.report_to=[]",
                              "run.threads=1", lora,
-                             f"sft.lora={str(sft_lora).lower()}"])  # fmt: skip
+                             *([] if sft_lora else ["sft.model.lora=none"])])  # fmt: skip
     checkpoint = Path(run_sft(cfg, data, run_dir=tmp_path / "run")["checkpoint"])
     assert (checkpoint / "adapter_config.json").exists() is sft_lora
     assert (checkpoint / "model.safetensors").exists() is not sft_lora

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # torchrun, two processes with two models
 def test_two_ranks_make_the_gradients_of_one(tmp_path, nudged_student):
     sets = [f"model.name={nudged_student}", "model.autocast_bf16=false",
             "distill.teacher=tiny-random", "distill.sequences=student",
-            "distill.divergence=reverse", "run.steps=2", "rollout.prompts_per_step=3",
+            "distill.divergence=reverse", "run.steps=2", "distill.batch_size=3",
             "sampling.max_new_tokens=4", "optim.micro_batch_size=2", "optim.lr=1e-3",
             "run.deterministic=true", "run.threads=1", "run.checkpoint_every=1",
             "run.report_to=[]", "eval.tasks=0"]  # fmt: skip
@@ -27,7 +27,7 @@ def test_two_ranks_make_the_gradients_of_one(tmp_path, nudged_student):
         (tmp_path / f"grads{ranks}").mkdir()
         args = ["distill", *[a for s in sets for a in ("--set", s)],
                 "--out", str(tmp_path / f"r{ranks}")]  # fmt: skip
-        done = launch(tmp_path, "rldojo.training.distill", ranks, args,
+        done = launch(tmp_path, "rldojo.training.run", ranks, args,
                       DUMP_GRADS=str(tmp_path / f"grads{ranks}"))  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
     g1, g2 = torch.load(tmp_path / "grads1" / "1.pt"), torch.load(tmp_path / "grads2" / "1.pt")

@@ -16,8 +16,8 @@ from rldojo.envs.mcq.items import MCFormat, MCItem, MultipleChoiceGrader, mc_tas
 from rldojo.envs.reasoning_gym.env import ReasoningGymGrader
 from rldojo.graders.composite import answer_reward
 from rldojo.graders.rules import NO_ANSWER_FLAG, ExactMatchGrader
-from rldojo.training.preflight import build_mixture
-from rldojo.training.signal import (
+from rldojo.training.inputs import build_mixture
+from rldojo.training.no_signal import (
     NoSignal,
     SignalWatch,
     diagnose,

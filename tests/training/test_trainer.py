@@ -87,7 +87,11 @@ def test_step_updates_only_through_selected_tokens(tmp_path):
     trainer = _trainer(tmp_path, "loss.rho=0.2")
     try:
         before = _weights(trainer.model)
-        groups = trainer.rollout_source().collect(trainer.step_num, trainer.policy_updates).groups
+        groups = (
+            trainer.experience.rollout_source()
+            .collect(trainer.step_num, trainer.policy_updates)
+            .groups
+        )
         # Force signal: give each group's samples distinct rewards regardless of the grader.
         from rldojo.rollout.groups import Group
         from rldojo.types import Score
@@ -147,7 +151,11 @@ def test_kl_to_the_initial_model_is_computed_and_logged(tmp_path):
 
     trainer = _trainer(tmp_path, "loss.kl_coef=0.1")
     try:
-        groups = trainer.rollout_source().collect(trainer.step_num, trainer.policy_updates).groups
+        groups = (
+            trainer.experience.rollout_source()
+            .collect(trainer.step_num, trainer.policy_updates)
+            .groups
+        )
         forced = [
             Group(g.task, g.rollouts, [Score(value=float(i)) for i in range(len(g.rollouts))],
                   g.ledger_ids)
@@ -166,7 +174,11 @@ def test_trainer_entropy_source_matches_the_sampler(tmp_path):
 
     trainer = _trainer(tmp_path, "model.generation_dtype=float32", "loss.entropy_source=trainer")
     try:
-        groups = trainer.rollout_source().collect(trainer.step_num, trainer.policy_updates).groups
+        groups = (
+            trainer.experience.rollout_source()
+            .collect(trainer.step_num, trainer.policy_updates)
+            .groups
+        )
         rollouts = [r for g in groups for r in g.rollouts]
         batch = build_token_batch(rollouts, trainer.tokenizer.pad_token_id)
         recomputed = trainer.update.entropy(batch)  # [B, T]

@@ -266,7 +266,7 @@ class EvalConfig(_Section):
     """Evaluate the starting model too. `false` when its accuracy on these tasks is known
     already, e.g. RL from an SFT checkpoint whose `rldojo sft` run evaluated it ("after"
     in that run's `evals/`, the same greedy episodes): it saves one evaluation. `rldojo
-    sft` honours it too (and its own `sft.eval_before`)."""
+    sft` honours it too (`[sft.eval] before = false` for SFT alone)."""
 
 
 class TrainConfig(_Section):
@@ -298,7 +298,9 @@ class TrainConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     """Steps, seed, output, checkpoints, threads, cluster, trackers."""
     sft: SftConfig = Field(default_factory=SftConfig)
-    """Supervised fine-tuning on demonstrations (`rldojo sft`); unused by `rldojo train`."""
+    """Supervised fine-tuning on demonstrations (`rldojo sft`); unused by `rldojo train`.
+    Where the file sets no `optim.lr` or `optim.warmup_steps`, SFT takes 5e-5 and 2
+    (`rldojo.config.stages.OBJECTIVE_DEFAULTS`); `[sft.optim]` sets them for SFT alone."""
     distill: DistillSection = Field(default_factory=DistillSection)
     """Distillation towards a teacher (`rldojo distill`); unused by `rldojo train`."""
 
@@ -306,6 +308,14 @@ class TrainConfig(_Section):
     @classmethod
     def _apply_recipe(cls, data: Any) -> Any:
         return apply_recipe(data)
+
+
+# The objectives' tables of shared sections (`[sft.optim]`) are those sections' models.
+_SHARED = {"ModelConfig": ModelConfig, "OptimConfig": OptimConfig, "EvalConfig": EvalConfig,
+           "RunConfig": RunConfig}  # fmt: skip
+SftConfig.model_rebuild(_types_namespace=_SHARED)
+DistillSection.model_rebuild(_types_namespace=_SHARED)
+TrainConfig.model_rebuild()
 
 
 def _parse_value(text: str) -> Any:

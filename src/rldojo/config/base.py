@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from rldojo.config.stages import MOVED, is_stage
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message is one line naming file and key."""
@@ -64,20 +66,26 @@ def admits_none(model: type[BaseModel], key: Any) -> bool:
     return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(annotation)
 
 
-def toml_data(model: BaseModel) -> dict[str, Any]:
+def toml_data(model: BaseModel, *, only_given: bool = False) -> dict[str, Any]:
     """`model`'s values as TOML data (for `dump_config`): its sections, and arrays of
     them, as tables; a None as `"none"` where the key's default is not None (so it reads
-    back as None, not as the default), else left out."""
+    back as None, not as the default), else left out. `only_given`: the keys given to it
+    alone (an objective's table of a shared section, `rldojo.config.stages`), a None as
+    `"none"`."""
     dumped = model.model_dump(mode="json")
     out: dict[str, Any] = {}
     for name, field in type(model).model_fields.items():
+        if only_given and name not in model.model_fields_set:
+            continue
         value = getattr(model, name)
-        if isinstance(value, BaseModel):
+        if isinstance(value, BaseModel) and is_stage(type(model), name):
+            out[name] = toml_data(value, only_given=True)  # an objective's keys
+        elif isinstance(value, BaseModel):
             out[name] = toml_data(value)
         elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
             out[name] = [toml_data(item) for item in value]
         elif value is None:
-            if field.get_default(call_default_factory=True) is not None:
+            if only_given or field.get_default(call_default_factory=True) is not None:
                 out[name] = NONE_TEXT
         else:
             out[name] = _drop_none(dumped[name])
@@ -106,7 +114,9 @@ def describe_error(exc: ValidationError, root: type[BaseModel]) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
     msg = err["msg"]
-    if err["type"] == "extra_forbidden":
+    if err["type"] == "extra_forbidden" and where in MOVED:
+        msg = f"moved to {MOVED[where]}"
+    elif err["type"] == "extra_forbidden":
         msg = "unknown key" + _did_you_mean(root, err["loc"])
     elif _is_none_text(err.get("input")):
         msg += f" ({err['input']!r} is None only for a key whose type admits None)"

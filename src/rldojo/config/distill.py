@@ -2,19 +2,27 @@
 
 `rldojo distill CONFIG` reads the same TOML file as `rldojo train`: the student is
 `[model]` (LoRA and precision included), its prompts come from `[env]`, the sequences
-are sampled per `[sampling]` (`max_new_tokens`, `temperature`), `rollout.prompts_per_step`
-prompts per step, `run.steps` steps, with `[optim]`'s learning rate, betas, clipping and
-micro-batches; the held-out evaluation is `[eval]`'s. This section holds what only
-distillation needs. See `rldojo.training.distill` for the loss.
+are sampled per `[sampling]` (`max_new_tokens`, `temperature`), `run.steps` steps, with
+`[optim]`'s learning rate, betas, clipping and micro-batches; the held-out evaluation is
+`[eval]`'s. This section holds what only distillation has (the teacher, the loss, the
+sequences a step), and its tables of those shared keys for distillation alone
+(`[distill.optim] lr = 1e-4`; `rldojo.config.stages`). See `rldojo.training.distill` for
+the loss.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from rldojo.config.base import _Section
+from rldojo.config.stages import stage_field
+
+if TYPE_CHECKING:
+    from rldojo.config import EvalConfig, OptimConfig
+    from rldojo.config.model import ModelConfig
+    from rldojo.config.run import RunConfig
 
 
 class DistillSection(_Section):
@@ -31,3 +39,14 @@ class DistillSection(_Section):
     kd_temperature: float = Field(1.0, gt=0.0)
     """Softening τ of both distributions in the loss; the loss is scaled by τ² so its
     gradient keeps its size."""
+    batch_size: int = Field(8, gt=0)
+    """Prompts a step, one sequence each (train tasks of `[env]`, shuffled with
+    `run.seed`); `optim.micro_batch_size` rows a forward."""
+    model: ModelConfig | None = stage_field("model", "distill")
+    """Keys of `[model]` for distillation alone."""
+    optim: OptimConfig | None = stage_field("optim", "distill")
+    """Keys of `[optim]` for distillation alone, e.g. `lr = 1e-4`."""
+    eval: EvalConfig | None = stage_field("eval", "distill")
+    """Keys of `[eval]` for distillation alone."""
+    run: RunConfig | None = stage_field("run", "distill")
+    """Keys of `[run]` for distillation alone, e.g. `steps = 50`."""

@@ -24,6 +24,8 @@ from typing import Any, Literal
 import annotated_types
 from pydantic import BaseModel
 
+from rldojo.config.stages import is_stage
+
 DOC_PATH = "docs/config.md"
 """Where the generated page is committed, relative to the repository root."""
 
@@ -143,6 +145,9 @@ def _walk(model: type[BaseModel], path: str, array: bool, doc: str, out: list[Ta
     for name, field in model.model_fields.items():
         node, text = declared.get(name, (None, ""))
         nested = _nested_model(field.annotation)
+        if is_stage(model, name):  # the keys of a shared table, documented there
+            keys.append(KeyDoc(name, f"table `[{path}.{name}]` of `[{name}]`'s keys", "None", text))
+            continue
         if nested is not None:
             children.append((nested[0], f"{path}.{name}", nested[1], _nested_doc(path, name)))
         type_text = _type_text(field.annotation, f"{path}.{name}")
@@ -320,8 +325,10 @@ def _toml(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, dict):
-        items = (f"{k if _BARE_KEY.match(str(k)) else _toml(str(k))} = {_toml(v)}"
-                 for k, v in value.items())  # fmt: skip
+        items = (
+            f"{k if _BARE_KEY.match(str(k)) else _toml(str(k))} = {_toml(v)}"
+            for k, v in value.items()
+        )
         return "{" + ", ".join(items) + "}"
     if isinstance(value, float):
         return re.sub(r"e([+-])0+(?=\d)", r"e\1", repr(value))  # 2e-05 as written: 2e-5

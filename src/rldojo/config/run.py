@@ -19,7 +19,11 @@ Tracker = Literal["tensorboard", "wandb", "trackio", "mlflow"]
 
 class RunConfig(_Section):
     steps: int = Field(12, ge=0)
-    """Optimizer steps to train (a resumed run trains up to this many in all)."""
+    """Optimizer steps to train (a resumed run trains up to this many in all): RL and
+    distillation draw tasks for this many steps."""
+    epochs: int = Field(2, gt=0)
+    """Passes over a fixed training set, which sets the run's length instead of `steps`:
+    SFT's demonstrations (`sft.batch_size` a step)."""
     max_minutes: float | None = Field(None, gt=0)
     """Wall-clock budget of this invocation's training steps, in minutes (None: none). No
     step starts once it is spent: the run then evaluates ("after"), checkpoints and
@@ -27,7 +31,7 @@ class RunConfig(_Section):
     "steps"). The step under way finishes, so a run overshoots by at most one step; the
     starting evaluation is not counted; a resumed run has the whole budget again."""
     max_failure_rate: float = Field(0.5, gt=0.0, le=1.0)
-    """The failure budget (`rldojo.training.failures`): the run stops (exit 1, checkpoints
+    """The failure budget (`rldojo.training.failure_budget`): the run stops (exit 1, checkpoints
     kept, `summary.json` `stopped` = "failures") when more than this share of the rollouts
     of the last `failure_window` steps failed (an episode or a grade with a non-ok status),
     or when every rollout of its first step failed. 1 turns it off."""
@@ -69,15 +73,18 @@ class RunConfig(_Section):
     shard: Literal["auto", "none", "fsdp"] = "auto"
     """How a run launched on several ranks (`torchrun --nproc-per-node N -m rldojo ...`, or
     `--nproc N`) trains: `auto` shards with FSDP2 when there are several ranks (one rank:
-    no sharding), `fsdp` insists on it, `none` refuses several ranks. Each decoder layer
+    no sharding), `fsdp` always shards, `none` refuses several ranks. Each decoder layer
     and the whole model are sharded (`rldojo.training.distributed`): `rldojo train` (rank
     0 rolls out and keeps the ledger, every rank trains on its share of the groups),
-    `rldojo sft` and `rldojo distill`, LoRA adapters included."""
+    `rldojo sft` and `rldojo distill`, LoRA adapters included. `fsdp` in one process
+    shards over a group of one: with `run.cpu_offload` on one GPU, the weights, gradients
+    and optimizer state live in host memory (not for a model object given to the run)."""
     cpu_offload: bool = False
-    """On several CUDA ranks: keep the parameter shards, their gradients and the optimizer's
-    state in host memory (FSDP2's `CPUOffloadPolicy`; the optimizer step runs on the CPU),
-    which frees GPU memory for activations at the cost of host-device copies every step.
-    Refused on the CPU and in one process (one line). Has not run on a GPU yet."""
+    """On CUDA with a sharded model (several ranks, or `run.shard = "fsdp"` on one GPU):
+    keep the parameter shards, their gradients and the optimizer's state in host memory
+    (FSDP2's `CPUOffloadPolicy`; the optimizer step runs on the CPU), which frees GPU
+    memory for activations at the cost of host-device copies every step. Refused on the
+    CPU and in one unsharded process (one line). Has not run on a GPU yet."""
     checkpoint_format: Literal["hf", "dcp"] = "hf"
     """How checkpoints keep the weights and the optimizer's state: `hf`, whole, in the
     Hugging Face layout (`model.safetensors`; on several ranks gathered on rank 0 first),

@@ -42,10 +42,6 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def supports_checkpointing(model: Any) -> bool:
-    return bool(decoder_layers(model))
-
-
 def _layer_index(layer: torch.nn.Module, position: int) -> int:
     """The index the layer's attention writes into the cache under (its position if the
     attention does not say)."""
@@ -113,7 +109,7 @@ def checkpointed_layers(model: Any, enabled: bool = True) -> Iterator[None]:
             "(optim.activation_checkpointing needs a transformers causal LM)"
         )
     for position, layer in enumerate(layers):
-        layer.forward = _checkpointed_forward(layer, _layer_index(layer, position))  # type: ignore[method-assign]
+        layer.forward = _checkpointed_forward(layer, _layer_index(layer, position))
     try:
         yield
     finally:

@@ -50,11 +50,17 @@ class TokenBatch:
             return self
         versions = None if self.versions is None else self.versions.to(device)
         return TokenBatch(
-            self.input_ids.to(device), self.attention_mask.to(device),
-            self.position_ids.to(device), self.prompt_len, self.completion_ids.to(device),
-            self.policy_mask.to(device), self.behaviour_logprobs.to(device),
-            self.sampler_entropy.to(device), self.group_index, versions,
-        )  # fmt: skip
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.position_ids.to(device),
+            self.prompt_len,
+            self.completion_ids.to(device),
+            self.policy_mask.to(device),
+            self.behaviour_logprobs.to(device),
+            self.sampler_entropy.to(device),
+            self.group_index,
+            versions,
+        )
 
     def rows(self, index: slice | list[int]) -> TokenBatch:
         """A micro-batch of rows (consecutive, or listed), trimmed of all-padding columns."""

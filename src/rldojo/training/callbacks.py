@@ -8,7 +8,7 @@ left unconfigured, Python prints the warnings on stderr and nothing else); the m
 (`metrics.jsonl` and the `run.report_to` sinks) is a `MetricsCallback` every run has.
 
 A line for `on_message` that starts with `warning: ` (`WARNING_PREFIX`) is a warning,
-e.g. a step without learning signal (`rldojo.training.signal`); any other is a note.
+e.g. a step without learning signal (`rldojo.training.no_signal`); any other is a note.
 Third-party progress bars (transformers' "Loading weights", "Writing model shards", the
 hub's downloads) are off while a run loads and saves models (`quiet_progress_bars`):
 stderr is for warnings and errors. While the steps run, the console prints what the
@@ -254,8 +254,9 @@ class ConsoleCallback(Callback):
             log_lines(self.on_message, *PROGRESS_LOGGERS),  # with the run's other lines
         ):
             self._progress = progress
-            self._bar = progress.add_task("training", total=self.total,
-                                          completed=getattr(self, "_start_step", 0))  # fmt: skip
+            self._bar = progress.add_task(
+                "training", total=self.total, completed=getattr(self, "_start_step", 0)
+            )
             try:
                 yield
             finally:
@@ -290,13 +291,19 @@ class LoggingCallback(Callback):
         self.logger.info("%s", self.step_line(step, metrics) if self.step_line else f"step {step}")
 
     def on_eval(self, label: str, step: int, result: EvalReport) -> None:
-        self.logger.info("held-out accuracy (%s): %.1f%% (%d tasks)", label,
-                         100 * result.accuracy, result.n)  # fmt: skip
+        self.logger.info(
+            "held-out accuracy (%s): %.1f%% (%d tasks)", label, 100 * result.accuracy, result.n
+        )
 
     def on_end(self, summary: dict[str, Any]) -> None:
         got = summary.get
-        self.logger.info("rldojo %s: stopped %s after step %s; %s", got("command"),
-                         got("stopped"), got("steps"), got("run_dir"))  # fmt: skip
+        self.logger.info(
+            "rldojo %s: stopped %s after step %s; %s",
+            got("command"),
+            got("stopped"),
+            got("steps"),
+            got("run_dir"),
+        )
 
 
 @contextmanager

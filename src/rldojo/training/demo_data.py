@@ -123,8 +123,11 @@ def _other_text(
         raise DataError(path, line, f"{where}.content: expected str")
     call_id = m.get("tool_call_id")
     if m["role"] == "tool" and call_id is not None and call_id not in ids:
-        raise DataError(path, line, f"{where}.tool_call_id: {call_id!r} matches no call "
-                        "of the assistant turn before it")  # fmt: skip
+        raise DataError(
+            path,
+            line,
+            f"{where}.tool_call_id: {call_id!r} matches no call of the assistant turn before it",
+        )
     return content
 
 
@@ -157,8 +160,11 @@ def _arguments(arguments: Any, at: str, path: str | os.PathLike[str], line: int)
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
-            raise DataError(path, line, f"{at}.function.arguments: not valid JSON "
-                            f"({exc.msg}, column {exc.colno})") from None  # fmt: skip
+            raise DataError(
+                path,
+                line,
+                f"{at}.function.arguments: not valid JSON ({exc.msg}, column {exc.colno})",
+            ) from None
     if not isinstance(arguments, dict):
         raise DataError(path, line, f"{at}.function.arguments: expected a JSON object")
     return arguments

@@ -142,12 +142,22 @@ def _played_turns(config: TrainConfig, mixture: EnvMixture, policy: Policy) -> t
     seed = config.run.seed
     requests = [(tasks[i % len(tasks)], 0, seed + i) for i in range(PLAYED_EPISODES)]
     sampling = SamplingParams(s.max_new_tokens, s.temperature, s.top_p, tuple(s.stop), seed)
-    rollouts = asyncio.run(collect_rollouts(
-        mixture.make_env_for, policy, requests, sampling, env_timeout_s=ro.env_timeout_s,
-        max_turns=limit - 1, max_episode_tokens=ro.max_episode_tokens,
-    ))  # fmt: skip
-    return tuple(limit if r.info.get("episode/cut") == "turns" else _model_turns(r)
-                 for r in rollouts if r.status in ("ok", "truncated"))  # fmt: skip
+    rollouts = asyncio.run(
+        collect_rollouts(
+            mixture.make_env_for,
+            policy,
+            requests,
+            sampling,
+            env_timeout_s=ro.env_timeout_s,
+            max_turns=limit - 1,
+            max_episode_tokens=ro.max_episode_tokens,
+        )
+    )
+    return tuple(
+        limit if r.info.get("episode/cut") == "turns" else _model_turns(r)
+        for r in rollouts
+        if r.status in ("ok", "truncated")
+    )
 
 
 def _time_generation(policy: TransformersPolicy, prompts: list[list[int]]) -> tuple[float, float]:
@@ -174,9 +184,17 @@ def _micro_batch(prompts: list[list[int]], rows: int, new: int, group: int, pad:
 
     def row(i: int) -> Rollout:
         ids = torch.randint(0, 1000, (new,), generator=gen).tolist()  # [new]
-        return Rollout(str(i), "calibration", [], "", prompt_ids=tuple(prompts[i % len(prompts)]),
-                       completion_ids=tuple(ids), policy_mask=(True,) * new,
-                       logprobs=(-1.0,) * new, entropies=(1.0,) * new)  # fmt: skip
+        return Rollout(
+            str(i),
+            "calibration",
+            [],
+            "",
+            prompt_ids=tuple(prompts[i % len(prompts)]),
+            completion_ids=tuple(ids),
+            policy_mask=(True,) * new,
+            logprobs=(-1.0,) * new,
+            entropies=(1.0,) * new,
+        )
 
     return build_token_batch([row(i) for i in range(rows)], pad, [i // group for i in range(rows)])
 
@@ -218,8 +236,9 @@ def calibrate(
     from rldojo.policy.training_model import make_policy
 
     started = time.perf_counter()
-    sync = config.model_copy(update={"rollout": config.rollout.model_copy(
-        update={"max_policy_lag": 0})})  # fmt: skip
+    sync = config.model_copy(
+        update={"rollout": config.rollout.model_copy(update={"max_policy_lag": 0})}
+    )
     policy = make_policy(sync, model, tokenizer, generation_dtype)
     prompts = _prompts(config, mixture, policy)
     played = _played_turns(config, mixture, policy)  # before stop tokens are switched off

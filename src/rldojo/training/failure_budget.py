@@ -114,12 +114,20 @@ class FailureBudget:
         else:
             parts = ", ".join(f"{k} {n}" for k, n in kinds.most_common())
             counted = f"{sum(kinds.values())}/{total} samples of {steps} failed ({parts})"
-        why = ("every sample of the first step failed" if preflight
-               else f"over run.max_failure_rate = {self.max_rate:g}")  # fmt: skip
+        why = (
+            "every sample of the first step failed"
+            if preflight
+            else f"over run.max_failure_rate = {self.max_rate:g}"
+        )
         message = f"{counted}: {first[worst]} ({why})"
-        return FailureBudgetExceeded(message, counts=dict(kinds), total=total, steps=(a, b),
-                                     first_error=first[worst],
-                                     traceback=traces.get(worst, ""))  # fmt: skip
+        return FailureBudgetExceeded(
+            message,
+            counts=dict(kinds),
+            total=total,
+            steps=(a, b),
+            first_error=first[worst],
+            traceback=traces.get(worst, ""),
+        )
 
 
 def reference_preflight(
@@ -140,8 +148,12 @@ def reference_preflight(
         for task in slot.train_tasks:
             if task.answer is not None and len(samples) < n:
                 reply = {"role": "assistant", "content": str(task.answer)}
-                rollout = Rollout(task_id=task.id, env=task.env, completion=str(task.answer),
-                                  messages=[*env.prompt_messages(task), reply])  # fmt: skip
+                rollout = Rollout(
+                    task_id=task.id,
+                    env=task.env,
+                    completion=str(task.answer),
+                    messages=[*env.prompt_messages(task), reply],
+                )
                 samples.append((rollout, task))
     if not samples:
         return None
@@ -156,8 +168,11 @@ def reference_preflight(
     return FailureBudgetExceeded(
         f"grader preflight: {worst} in {count}/{len(scores)} reference answers: {first} "
         "(nothing generated yet)",
-        counts=dict(kinds), total=len(scores), first_error=first, traceback=trace,
-    )  # fmt: skip
+        counts=dict(kinds),
+        total=len(scores),
+        first_error=first,
+        traceback=trace,
+    )
 
 
 def _one_line(text: str, limit: int = 300) -> str:

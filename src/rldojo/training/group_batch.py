@@ -94,5 +94,6 @@ def group_batch(
         lc.scope,
         config.optim.micro_batch_size,
     )  # [B, T] fmt: skip
-    return GroupBatch(batch, scores, advantages, entropy, selected,
-                      [g.ledger_ids[k] for g, k in keep])  # fmt: skip
+    return GroupBatch(
+        batch, scores, advantages, entropy, selected, [g.ledger_ids[k] for g, k in keep]
+    )

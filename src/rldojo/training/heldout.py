@@ -37,13 +37,25 @@ def heldout_eval(
     max_new = config.eval.max_new_tokens or config.sampling.max_new_tokens
     greedy = SamplingParams(max_new_tokens=max_new, temperature=0.0, seed=0)
     ro = config.rollout  # the training episodes' limits
-    limits = {"max_turns": ro.max_turns, "max_episode_tokens": ro.max_episode_tokens,
-              "env_timeout_s": ro.env_timeout_s}  # fmt: skip
+    limits = {
+        "max_turns": ro.max_turns,
+        "max_episode_tokens": ro.max_episode_tokens,
+        "env_timeout_s": ro.env_timeout_s,
+    }
     return loop.run_until_complete(
-        evaluate(make_env, grader, policy, tasks, greedy, seed=config.run.seed,
-                 grade_timeout_s=ro.grade_timeout_s, pass_threshold=threshold, episode=limits,
-                 progress=progress)
-    )  # fmt: skip
+        evaluate(
+            make_env,
+            grader,
+            policy,
+            tasks,
+            greedy,
+            seed=config.run.seed,
+            grade_timeout_s=ro.grade_timeout_s,
+            pass_threshold=threshold,
+            episode=limits,
+            progress=progress,
+        )
+    )
 
 
 def heldout_tasks(config: TrainConfig, tasks: Sequence[Task], label: str) -> Sequence[Task]:
@@ -55,8 +67,13 @@ def heldout_tasks(config: TrainConfig, tasks: Sequence[Task], label: str) -> Seq
 
 def eval_record(result: EvalResult) -> dict[str, Any]:
     """What the run state and the summary keep of an evaluation."""
-    return {"accuracy": result.accuracy, "ci95": result.ci95, "n": result.n,
-            "mean_reward": result.mean_reward, "statuses": result.statuses}  # fmt: skip
+    return {
+        "accuracy": result.accuracy,
+        "ci95": result.ci95,
+        "n": result.n,
+        "mean_reward": result.mean_reward,
+        "statuses": result.statuses,
+    }
 
 
 def save_eval_rows(run_dir: Path, label: str, result: EvalResult) -> None:

@@ -24,10 +24,10 @@ is what `rldojo train` calls. The layout:
                            the same tasks pair by task id (`benchmarks/agentic_pipeline.py`)
     RUN/summary.json       held-out accuracy before/after, timings, `stopped`: "steps"
                            (`run.steps` reached), "max_minutes" (`run.max_minutes` spent),
-                           "failures" (the failure budget, `rldojo.training.failures`) or
+                           "failures" (the failure budget, `rldojo.training.failure_budget`) or
                            "interrupted" (SIGINT/SIGTERM, `rldojo.training.interrupts`);
                            for `train`, `no_signal`: the steps without learning signal by
-                           cause (`rldojo.training.signal.no_signal_report`)
+                           cause (`rldojo.training.no_signal.no_signal_report`)
     RUN/config_history.jsonl  each start and resume, with the config keys it changed
 
 A directory that holds a run is never written into by a new run (`rldojo.store.run_dir`).
@@ -67,6 +67,7 @@ from rldojo.training.distributed import Dist, init_dist, world_size_from_env
 from rldojo.training.heldout import save_eval_rows
 from rldojo.training.interrupts import Interrupts
 from rldojo.training.objective import Objective
+from rldojo.training.run import Run
 from rldojo.training.stops import FailureBudgetExceeded, RunInterrupted, RunStopped
 
 __all__ = ["BUILD_LOGGERS", "new_run_dir", "on_ray_ranks", "run_loop", "run_training"]
@@ -99,32 +100,63 @@ def run_training(
 
     run_dir = run_dir or new_run_dir(config)
     if config.run.train_ranks > 1 and world_size_from_env() == 1:  # not a rank yet
-        return on_ray_ranks(config, run_dir, resume=resume, overwrite=overwrite, force=force,
-                            callbacks=callbacks, console=console)  # fmt: skip
+        return on_ray_ranks(
+            config,
+            run_dir,
+            resume=resume,
+            overwrite=overwrite,
+            force=force,
+            callbacks=callbacks,
+            console=console,
+        )
     return run_loop(
-        lambda d: GrpoObjective(config, run_dir, resume=resume, dist=d), config, run_dir,
-        command="train", resume=resume, overwrite=overwrite, force=force,
+        lambda d: GrpoObjective(Run(config, run_dir, resume=resume, dist=d)),
+        config,
+        run_dir,
+        command="train",
+        resume=resume,
+        overwrite=overwrite,
+        force=force,
         callbacks=with_console(callbacks, console),
-    )  # fmt: skip
+    )
 
 
-def on_ray_ranks(config: TrainConfig, run_dir: Path, *, resume: bool, overwrite: bool,
-                 force: bool, callbacks: Sequence[Callback],
-                 console: Console | None) -> dict[str, Any]:  # fmt: skip
+def on_ray_ranks(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    force: bool,
+    callbacks: Sequence[Callback],
+    console: Console | None,
+) -> dict[str, Any]:
     """`run_training` on `run.train_ranks` Ray actors (`rldojo.cluster.train_ranks`), each
     with a rank's torchrun environment; rank 0's output printed on `console`, its summary
     returned. `callbacks` are sent to the ranks and called on rank 0 (in its process). A
     lost rank is a `RunStopped` naming it (the checkpoints written are kept)."""
     from rldojo.cluster.train_ranks import RankError, run_on_ranks
 
-    kwargs = {"config": config, "run_dir": run_dir.absolute(), "resume": resume,
-              "overwrite": overwrite, "force": force, "callbacks": list(callbacks)}  # fmt: skip
+    kwargs = {
+        "config": config,
+        "run_dir": run_dir.absolute(),
+        "resume": resume,
+        "overwrite": overwrite,
+        "force": force,
+        "callbacks": list(callbacks),
+    }
     run = config.run
     try:
-        return run_on_ranks(run_training, kwargs, ranks=run.train_ranks,
-                            gpus=run.train_rank_gpus, address=run.ray_address,
-                            timeout_s=run.dist_timeout_s, console=console,
-                            on_loss=f"; resume with: rldojo train --resume {run_dir}")  # fmt: skip
+        return run_on_ranks(
+            run_training,
+            kwargs,
+            ranks=run.train_ranks,
+            gpus=run.train_rank_gpus,
+            address=run.ray_address,
+            timeout_s=run.dist_timeout_s,
+            console=console,
+            on_loss=f"; resume with: rldojo train --resume {run_dir}",
+        )
     except RankError as exc:
         raise RunStopped(str(exc)) from exc
 
@@ -160,8 +192,15 @@ def run_loop(
         say = CallbackList(callbacks if d.main else ())
         changes = {}
         if d.main:
-            changes = _claim(config, run_dir, command=command, resume=resume,
-                             overwrite=overwrite, force=force, say=say.on_message)  # fmt: skip
+            changes = _claim(
+                config,
+                run_dir,
+                command=command,
+                resume=resume,
+                overwrite=overwrite,
+                force=force,
+                say=say.on_message,
+            )
         d.barrier()  # the others build once rank 0 made the directory theirs
         started = time.perf_counter()
         with log_lines(say.on_message, *BUILD_LOGGERS):  # the one-time model conversion, ...
@@ -171,27 +210,43 @@ def run_loop(
         d.close()
 
 
-def _go(objective: Objective, d: Dist, config: TrainConfig, run_dir: Path, resume: bool,
-        changes: dict[str, tuple[Any, Any]], callbacks: Sequence[Callback],
-        started: float) -> dict[str, Any]:  # fmt: skip
+def _go(
+    objective: Objective,
+    d: Dist,
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    changes: dict[str, tuple[Any, Any]],
+    callbacks: Sequence[Callback],
+    started: float,
+) -> dict[str, Any]:
     """The loop of a built objective: rank 0 logs, every rank steps."""
     logger = None
     if d.main:
         record_config_change(run_dir, "resume" if resume else "start", changes)
         if resume:  # the steps after the checkpoint are redone, and logged again
             resumed = latest_checkpoint(run_dir / "checkpoints") is not None
-            _trim_logs(run_dir, objective.step_num if resumed else None)
-        logger = MetricsLogger(run_dir, report_to=config.run.report_to,
-                               resume_step=objective.step_num if resume else None,
-                               config=config.model_dump(mode="json"))  # fmt: skip
+            _trim_logs(run_dir, objective.run.step_num if resumed else None)
+        logger = MetricsLogger(
+            run_dir,
+            report_to=config.run.report_to,
+            resume_step=objective.run.step_num if resume else None,
+            config=config.model_dump(mode="json"),
+        )
         for c in callbacks:
             if isinstance(c, ConsoleCallback | LoggingCallback):
                 c.step_line, c.summary_keys = objective.step_line, objective.summary_keys
     mine = [MetricsCallback(logger, kind=objective.kind), *callbacks] if logger else []
     calls = CallbackList(mine)
-    calls.on_start({"command": objective.command, "run_dir": run_dir,
-                    "step": objective.step_num, "total_steps": objective.total_steps,
-                    "lines": objective.header()})  # fmt: skip
+    calls.on_start(
+        {
+            "command": objective.command,
+            "run_dir": run_dir,
+            "step": objective.run.step_num,
+            "total_steps": objective.total_steps,
+            "lines": objective.header(),
+        }
+    )
     run = _Run(config, objective, calls, started, d)
     with Interrupts(calls.on_message) as interrupts:
         run.interrupts = interrupts
@@ -200,7 +255,10 @@ def _go(objective: Objective, d: Dist, config: TrainConfig, run_dir: Path, resum
         finally:
             if logger is not None:
                 logger.close()
-            objective.close()
+            try:
+                objective.close()
+            finally:
+                objective.run.close()
 
 
 def _device(config: TrainConfig) -> torch.device:
@@ -214,14 +272,20 @@ def _device(config: TrainConfig) -> torch.device:
 class _Run:
     """One invocation of the loop: the objective, its callbacks, the signal handlers."""
 
-    def __init__(self, config: TrainConfig, objective: Objective, calls: CallbackList,
-                 started: float, dist: Dist) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: TrainConfig,
+        objective: Objective,
+        calls: CallbackList,
+        started: float,
+        dist: Dist,
+    ) -> None:
         self.config, self.objective, self.calls, self.started = config, objective, calls, started
+        self.run = objective.run
         self.dist = dist
         self.interrupts: Interrupts
 
     def go(self) -> dict[str, Any]:
-        obj = self.objective
         try:
             stopped = self._run()
             summary = self._finish(stopped)
@@ -229,7 +293,7 @@ class _Run:
                 raise self._interrupted_error()
             return summary
         except KeyboardInterrupt:  # a signal during an evaluation, or a second one
-            if not self.interrupts.aborted and obj.step_num > 0:  # its last step is committed
+            if not self.interrupts.aborted and self.run.step_num > 0:  # its last step is committed
                 self._finish("interrupted")
             raise self._interrupted_error(aborted=self.interrupts.aborted) from None
         except FailureBudgetExceeded:
@@ -237,30 +301,31 @@ class _Run:
             raise
 
     def _evaluate(self, label: str) -> None:
-        obj = self.objective
-
         def progress(turn: int, done: int, total: int) -> None:
             self.calls.on_eval_progress(with_turn(label, turn), done, total)
 
         with self.interrupts.immediate():
-            result = obj.evaluate(label, progress)
+            result = self.run.evaluate(label, progress)
         if result is not None:  # None: another rank evaluated
-            save_eval_rows(obj.run_dir, label, result)
-            self.calls.on_eval(label, obj.step_num, result)
+            save_eval_rows(self.run.run_dir, label, result)
+            self.calls.on_eval(label, self.run.step_num, result)
 
     def _run(self) -> str:
         """Evaluate before, train, evaluate after; which stopped the steps."""
-        obj = self.objective
-        start = obj.step_num
+        obj, run = self.objective, self.run
+        start = run.step_num
         if start == 0 and (stop := obj.preflight()) is not None:
             raise stop
-        if obj.evaluates("before") and "before" not in obj.evals:
+        if run.evaluates("before") and "before" not in run.evals:
             self._evaluate("before")
         stopped = self._steps()
         # Evaluated before the final checkpoint, which keeps the result: a run resumed
         # from that checkpoint has nothing left to do (and logs nothing twice).
-        if (stopped != "interrupted" and obj.evaluates("after")
-                and (obj.step_num > start or "after" not in obj.evals)):  # fmt: skip
+        if (
+            stopped != "interrupted"
+            and run.evaluates("after")
+            and (run.step_num > start or "after" not in run.evals)
+        ):
             self._evaluate("after")
         return stopped
 
@@ -268,13 +333,14 @@ class _Run:
         """Step to `total_steps`, or until `run.max_minutes` is spent, a signal or a
         callback asks to stop; which stopped it ("steps", "max_minutes", "interrupted",
         "callback"). Raises the failure budget's stop after logging the step that spent it."""
-        obj, calls, run = self.objective, self.calls, self.config.run
+        obj, calls, run, state = self.objective, self.calls, self.config.run, self.run
         budget = None if run.max_minutes is None else 60 * run.max_minutes
         started = time.perf_counter()
         with calls.live():
-            while obj.step_num < obj.total_steps:
+            while state.step_num < obj.total_steps:
                 metrics = obj.step()
-                calls.on_step_end(obj.step_num, metrics)
+                state.finish_step()
+                calls.on_step_end(state.step_num, metrics)
                 for line in obj.after_step(metrics):
                     calls.on_message(line)
                 if obj.over_budget is not None:
@@ -285,22 +351,25 @@ class _Run:
                 )
                 if signalled:
                     return "interrupted"
-                last = obj.step_num >= obj.total_steps or spent or asked  # then "after"
+                last = state.step_num >= obj.total_steps or spent or asked  # then "after"
                 every = self.config.eval.every
-                if every and obj.step_num % every == 0 and not last and obj.evaluates("every"):
-                    self._evaluate(f"step_{obj.step_num}")
+                if every and state.step_num % every == 0 and not last and state.evaluates("every"):
+                    self._evaluate(f"step_{state.step_num}")
                 every = run.checkpoint_every  # after the step's logs and evaluation
-                if every and obj.step_num % every == 0 and not last:
-                    calls.on_checkpoint(obj.save())
-                if obj.step_num >= obj.total_steps:
+                if every and state.step_num % every == 0 and not last:
+                    calls.on_checkpoint(state.save(obj.state_dict()))
+                if state.step_num >= obj.total_steps:
                     break
                 if spent:
-                    calls.on_message(f"run.max_minutes = {run.max_minutes:g} spent: "
-                                     f"stopping after step {obj.step_num}")  # fmt: skip
+                    calls.on_message(
+                        f"run.max_minutes = {run.max_minutes:g} spent: "
+                        f"stopping after step {state.step_num}"
+                    )
                     return "max_minutes"
                 if asked:
-                    calls.on_message(f"a callback asked to stop: stopping after step "
-                                     f"{obj.step_num}")  # fmt: skip
+                    calls.on_message(
+                        f"a callback asked to stop: stopping after step {state.step_num}"
+                    )
                     return "callback"
         return "steps"
 
@@ -315,36 +384,55 @@ class _Run:
     def _finish(self, stopped: str) -> dict[str, Any]:
         """Checkpoint (unless the failure budget stopped the run: the checkpoints it has
         are kept), write the summary, hand it to the callbacks."""
-        obj = self.objective
+        obj, run = self.objective, self.run
         if stopped != "failures":
-            self.calls.on_checkpoint(obj.save())
-        summary = {"command": obj.command, **obj.summary(), "steps": obj.step_num,
-                   "accuracy_before": obj.evals.get("before", {}).get("accuracy"),
-                   "accuracy_after": obj.evals.get("after", {}).get("accuracy"),
-                   "evals": obj.evals, "wall_s": time.perf_counter() - self.started,
-                   "run_dir": str(obj.run_dir), "stopped": stopped}  # fmt: skip
-        newest = latest_checkpoint(obj.run_dir / "checkpoints")
+            self.calls.on_checkpoint(run.save(obj.state_dict()))
+        summary = {
+            "command": obj.command,
+            **obj.summary(),
+            "steps": run.step_num,
+            "accuracy_before": run.evals.get("before", {}).get("accuracy"),
+            "accuracy_after": run.evals.get("after", {}).get("accuracy"),
+            "evals": run.evals,
+            "wall_s": time.perf_counter() - self.started,
+            "run_dir": str(run.run_dir),
+            "stopped": stopped,
+        }
+        newest = latest_checkpoint(run.run_dir / "checkpoints")
         summary["checkpoint"] = None if newest is None else str(newest)
         if self.dist.main:
-            (obj.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.calls.on_end(summary)
         return summary
 
     def _interrupted_error(self, *, aborted: bool = False) -> RunInterrupted:
         """The one line of an interrupted run: where it stopped, what was saved, how to go on."""
-        obj = self.objective
-        newest = latest_checkpoint(obj.run_dir / "checkpoints")
+        obj, run = self.objective, self.run
+        newest = latest_checkpoint(run.run_dir / "checkpoints")
         name = newest.name if newest is not None else None
-        saved = "nothing saved" if name is None else (
-            f"last checkpoint {name}" if aborted else f"checkpoint {name}")  # fmt: skip
+        saved = (
+            "nothing saved"
+            if name is None
+            else (f"last checkpoint {name}" if aborted else f"checkpoint {name}")
+        )
         how = "aborted" if aborted else "interrupted"
-        message = (f"{how} at step {obj.step_num}; {saved}; resume with: "
-                   f"rldojo {obj.command} --resume {obj.run_dir}")  # fmt: skip
-        return RunInterrupted(message, step=obj.step_num, checkpoint=name)
+        message = (
+            f"{how} at step {run.step_num}; {saved}; resume with: "
+            f"rldojo {obj.command} --resume {run.run_dir}"
+        )
+        return RunInterrupted(message, step=run.step_num, checkpoint=name)
 
 
-def _claim(config: TrainConfig, run_dir: Path, *, command: str, resume: bool, overwrite: bool,
-           force: bool, say: Callable[[str], None]) -> dict[str, tuple[Any, Any]]:  # fmt: skip
+def _claim(
+    config: TrainConfig,
+    run_dir: Path,
+    *,
+    command: str,
+    resume: bool,
+    overwrite: bool,
+    force: bool,
+    say: Callable[[str], None],
+) -> dict[str, tuple[Any, Any]]:
     """Check (or make) the run directory before anything starts; the config keys a resume
     changes. Raises `RunDirError` (one line) when the directory cannot be used."""
     moved = claim_run_dir(run_dir, command=command, resume=resume, overwrite=overwrite)

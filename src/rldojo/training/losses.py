@@ -70,7 +70,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, logits: Tensor, token_ids: Tensor, temperature: float, chunk_size: int
     ) -> tuple[Tensor, Tensor]:
         flat = logits.reshape(-1, logits.shape[-1])  # [M*T, V]
@@ -92,7 +92,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, grad_logp: Tensor, _grad_entropy: Tensor
     ) -> tuple[Tensor, None, None, None]:
         flat, ids = ctx.saved_tensors  # [M*T, V], [M*T, 1]

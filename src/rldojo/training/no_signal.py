@@ -89,8 +89,9 @@ def _share(value: float) -> str:
 
 def _failed(metrics: Mapping[str, Any]) -> tuple[float, str]:
     """The share of rollouts that failed or whose grade failed, and the statuses seen."""
-    counts = {k: int(v) for k, v in metrics.items()
-              if k.startswith(("rollout/status_", "grade/status_"))}  # fmt: skip
+    counts = {
+        k: int(v) for k, v in metrics.items() if k.startswith(("rollout/status_", "grade/status_"))
+    }
     total = max(int(metrics.get("rollout/samples", 0)), 1)
     shown = ", ".join(f"{k.split('/', 1)[1]} {n}" for k, n in sorted(counts.items()))
     return min(sum(counts.values()) / total, 1.0), shown
@@ -188,8 +189,10 @@ class SignalWatch:
             return None
         self._cause, self._quiet = found.cause, 0
         groups = int(metrics.get("rollout/groups", 0))
-        return (f"warning: no learning signal at step {step} (0 of {groups} groups "
-                f"informative): {found.text}")  # fmt: skip
+        return (
+            f"warning: no learning signal at step {step} (0 of {groups} groups "
+            f"informative): {found.text}"
+        )
 
     def report(self, steps: Iterable[Mapping[str, Any]]) -> list[NoSignal]:
         """`no_signal_report` with this watch's token limit and answer format."""

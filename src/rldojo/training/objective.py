@@ -1,26 +1,29 @@
 """What a run trains towards: the part of a run that differs between RL, SFT and distillation.
 
-A run is resources (device, precision, threads, the model with its optional LoRA, the
-optimizer and its schedule, the data position), a loop (`rldojo.training.loop`: steps,
-evaluations, checkpoints and resume, budgets, interrupts, callbacks) and an objective:
+A run is resources (`rldojo.training.run.Run`: device, precision, threads, environments
+and grader, the model with its optional LoRA, the sampler, the optimizer and schedule,
+evaluations, checkpoints; built once for every objective), a loop
+(`rldojo.training.loop`: steps, evaluations, checkpoints and resume, budgets, interrupts,
+callbacks) and an objective:
 
     grpo     rollouts -> forking-token mask -> clipped policy loss   (`rldojo.training.grpo`)
     sft      demonstrations -> assistant-token NLL                   (`rldojo.training.sft`)
     distill  teacher sequences or the student's -> token KL          (`rldojo.training.distill`)
 
-An objective owns its resources, is built with the run's checkpoint when it resumes (the
-weights, optimizer, scheduler, RNG and data position of `rldojo.store.checkpoint`), and
-does one optimizer step at a time; the loop does everything else the same way for all.
+An objective is what differs: its checks and data, its next batch and loss (one optimizer
+step at a time), its state to save and what it says. It is built on a `Run`: its
+constructor checks its own inputs, calls `run.load()` (the model), prepares its data and
+sets `total_steps`, then calls `run.start(self)` (the optimizer; a resumed run's state,
+given back through `load_state_dict`). A fourth objective is one such class
+(`tests/dpo_objective.py` is one: DPO on preference pairs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
-from rldojo.eval.harness import EvalResult
-from rldojo.rollout.episodes import TurnProgress
+from rldojo.training.run import Run
 from rldojo.training.stops import RunStopped
 
 __all__ = ["Objective"]
@@ -47,13 +50,10 @@ class Objective(Protocol):
         """The summary's keys a console shows, in order."""
         ...
 
-    run_dir: Path
-    step_num: int
-    """Optimizer steps done (a resumed run starts at its checkpoint's)."""
+    run: Run
+    """What it trains with; the step count, evaluations and checkpoints are the run's."""
     total_steps: int
     """Steps the run trains to in all."""
-    evals: dict[str, dict[str, Any]]
-    """The evaluations so far, by label (kept in checkpoints)."""
 
     def header(self) -> list[str]:
         """The lines that open the run: what trains on what, where; precision, threads."""
@@ -63,12 +63,9 @@ class Objective(Protocol):
         """Before the first step of a new run: the stop when the run cannot learn."""
         ...
 
-    def evaluates(self, label: str) -> bool:
-        """Whether the run evaluates `label` ("before", "after", "every")."""
-        ...
-
     def step(self) -> dict[str, Any]:
-        """One optimizer step; its metrics (`step_num` advanced)."""
+        """One optimizer step at `run.step_num` (the loop then advances the schedule and
+        the count: `run.finish_step`); its metrics."""
         ...
 
     def after_step(self, metrics: dict[str, Any]) -> list[str]:
@@ -79,18 +76,19 @@ class Objective(Protocol):
         """The console's line for a step."""
         ...
 
-    def evaluate(self, label: str, progress: TurnProgress | None = None) -> EvalResult | None:
-        """The held-out evaluation, recorded in `evals` under `label` (None on the ranks
-        that do not evaluate: rank 0 does, and gives the others its record); `progress`
-        hears how far each turn of its episodes got."""
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it besides the run's (weights, optimizer, schedule,
+        RNG, step, evaluations): its data position, its counters."""
         ...
 
-    def save(self) -> Path:
-        """A checkpoint of everything a resume needs; its directory."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A resumed run's checkpoint state (`state_dict`'s keys, and "step")."""
         ...
 
     def summary(self) -> dict[str, Any]:
         """The objective's part of `summary.json`."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Its own resources (the run closes its own after it)."""
+        ...

@@ -86,17 +86,23 @@ def run_pipeline(
     cfg = _configure(config, list(overrides))
     _with_overrides(cfg, list(rl_overrides), "--rl-set")  # checked before any stage
     pipe = (run_dir or default_pipeline_dir(cfg)).resolve()
-    settings = {"config": source, "overrides": list(overrides),
-                "rl_overrides": list(rl_overrides), "demos": demos}  # fmt: skip
+    settings = {
+        "config": source,
+        "overrides": list(overrides),
+        "rl_overrides": list(rl_overrides),
+        "demos": demos,
+    }
     if sft_run is None and "demos" not in _done_before(pipe, overwrite):
         _check_expert(cfg)
     console.print(f"[bold]rldojo pipeline[/] {source} -> {pipe}", soft_wrap=True)
     state = _open(pipe, settings, overwrite=overwrite, console=console)
     if sft_run is not None and "sft" not in state["done"]:
         _reuse_sft(pipe, state, sft_run.resolve())
-    stages = {"demos": lambda: _demos_stage(cfg, pipe, demos),
-              "sft": lambda: _sft_stage(cfg, pipe, console),
-              "rl": lambda: _rl_stage(cfg, list(rl_overrides), pipe, state, console)}  # fmt: skip
+    stages = {
+        "demos": lambda: _demos_stage(cfg, pipe, demos),
+        "sft": lambda: _sft_stage(cfg, pipe, console),
+        "rl": lambda: _rl_stage(cfg, list(rl_overrides), pipe, state, console),
+    }
     for stage in STAGES:
         if stage in state["done"]:
             console.print(f"pipeline: {stage} completed before; skipped", soft_wrap=True)
@@ -148,8 +154,10 @@ def _check_expert(cfg: TrainConfig) -> None:
     from rldojo.envs.experts import expert_for
 
     if cfg.env.mix:
-        raise ConfigError("env.mix: the demos stage plays one environment; set env.id and "
-                          "env.kwargs (or give an SFT run to start RL from)")  # fmt: skip
+        raise ConfigError(
+            "env.mix: the demos stage plays one environment; set env.id and "
+            "env.kwargs (or give an SFT run to start RL from)"
+        )
     try:
         expert_for(cfg.env.id, **cfg.env.kwargs)
     except ValueError as exc:
@@ -173,18 +181,23 @@ def _open(pipe: Path, settings: dict[str, Any], *, overwrite: bool, console: Con
     if pipe.is_dir() and any(pipe.iterdir()):
         if overwrite:
             aside = _move_aside(pipe)
-            console.print(f"--overwrite: the pipeline that was in {pipe} is now in {aside}",
-                          soft_wrap=True)  # fmt: skip
+            console.print(
+                f"--overwrite: the pipeline that was in {pipe} is now in {aside}", soft_wrap=True
+            )
         elif not path.exists():
-            raise RunDirError(f"{pipe}: holds files but no {STATE_FILE} (not a pipeline): "
-                              "another --run-dir, or --overwrite to move it aside")  # fmt: skip
+            raise RunDirError(
+                f"{pipe}: holds files but no {STATE_FILE} (not a pipeline): "
+                "another --run-dir, or --overwrite to move it aside"
+            )
         else:
             old = json.loads(path.read_text())
             changed = [k for k in SETTINGS if old.get(k) != settings[k]]
             if changed:
                 kept = ", ".join(old["done"]) or "none"
-                console.print(f"resume: {', '.join(changed)} changed; the stages completed "
-                              f"({kept}) are kept", soft_wrap=True)  # fmt: skip
+                console.print(
+                    f"resume: {', '.join(changed)} changed; the stages completed ({kept}) are kept",
+                    soft_wrap=True,
+                )
             return {**settings, "done": old.get("done", {})}
     pipe.mkdir(parents=True, exist_ok=True)
     state = {**settings, "done": {}}
@@ -210,8 +223,17 @@ def _reuse_sft(pipe: Path, state: dict[str, Any], sft_run: Path) -> None:
     """Mark demos and SFT completed by the earlier run `sft_run` (its recorded wall time)."""
     summary = json.loads((sft_run / "summary.json").read_text())
     state["done"].setdefault("demos", {"file": summary["data"], "reused": True, "wall_s": None})
-    _mark(pipe, state, "sft", {"run": str(sft_run), "checkpoint": summary["checkpoint"],
-                               "reused": True, "wall_s": summary["wall_s"]})  # fmt: skip
+    _mark(
+        pipe,
+        state,
+        "sft",
+        {
+            "run": str(sft_run),
+            "checkpoint": summary["checkpoint"],
+            "reused": True,
+            "wall_s": summary["wall_s"],
+        },
+    )
 
 
 # ------------------------------------------------------------------ the stages
@@ -234,8 +256,14 @@ def _sft_stage(cfg: TrainConfig, pipe: Path, console: Console) -> dict[str, Any]
     resume = (run_dir / "config.toml").exists()
     if resume:
         console.print(f"pipeline: resuming the SFT run in {run_dir}", soft_wrap=True)
-    summary = run_sft(cfg, pipe / "demos.jsonl", run_dir=run_dir, resume=resume,
-                      overwrite=not resume, console=console)  # fmt: skip
+    summary = run_sft(
+        cfg,
+        pipe / "demos.jsonl",
+        run_dir=run_dir,
+        resume=resume,
+        overwrite=not resume,
+        console=console,
+    )
     return {"run": str(run_dir), "checkpoint": summary["checkpoint"]}
 
 
@@ -249,8 +277,9 @@ def _rl_stage(
     start = _rl_start(Path(state["done"]["sft"]["checkpoint"]), pipe, console)
     model = cfg.model.model_copy(update={"name": start})
     evals = cfg.eval.model_copy(update={"before": False})
-    rl_cfg = _with_overrides(cfg.model_copy(update={"model": model, "eval": evals}),
-                             rl_overrides, "--rl-set")  # fmt: skip
+    rl_cfg = _with_overrides(
+        cfg.model_copy(update={"model": model, "eval": evals}), rl_overrides, "--rl-set"
+    )
     run_dir = pipe / "rl"
     resume = (run_dir / "config.toml").exists()
     if resume:
@@ -261,8 +290,8 @@ def _rl_stage(
 
 def _rl_start(checkpoint: Path, pipe: Path, console: Console) -> str:
     """The model RL starts from: the SFT checkpoint, or, when it holds a LoRA adapter
-    (`sft.lora`), the adapter merged into its base (PIPE/sft-merged), which RL wraps in
-    fresh adapters (`model.lora`)."""
+    (`model.lora`, unless `[sft.model] lora = "none"`), the adapter merged into its base
+    (PIPE/sft-merged), which RL wraps in fresh adapters (`model.lora`)."""
     from rldojo.policy.lora import export_checkpoint, is_adapter_dir
 
     if not is_adapter_dir(checkpoint):
@@ -295,8 +324,11 @@ def summarize(pipe: Path, cfg: TrainConfig | None = None, group_by: str | None =
     sft = json.loads((sft_dir / "summary.json").read_text())
     rl = json.loads((rl_dir / "summary.json").read_text())
     lines = [json.loads(x) for x in Path(sft["data"]).read_text().splitlines() if x.strip()]
-    stages = {"base": read_outcomes(sft_dir, "before"), "sft": read_outcomes(sft_dir, "after"),
-              "sft_rl": read_outcomes(rl_dir, "after")}  # fmt: skip
+    stages = {
+        "base": read_outcomes(sft_dir, "before"),
+        "sft": read_outcomes(sft_dir, "after"),
+        "sft_rl": read_outcomes(rl_dir, "after"),
+    }
     periodic = sorted(  # eval.every: step_4, step_8, ... (by step)
         (f.stem for f in (rl_dir / "evals").glob("step_*.jsonl")), key=lambda x: int(x[5:])
     )
@@ -304,16 +336,28 @@ def summarize(pipe: Path, cfg: TrainConfig | None = None, group_by: str | None =
     summary: dict[str, Any] = {
         **{k: state[k] for k in SETTINGS if k != "demos"},
         "sft_reused": done["sft"]["run"] if done["sft"].get("reused") else None,
-        "demos": {"episodes": len(lines), "passed": sum(bool(x["passed"]) for x in lines),
-                  "trained_on": sft["demonstrations"], "left_out": sft["left_out"]},
-        "sft": {k: sft[k] for k in ("steps", "loss_first", "loss_last", "assistant_tokens",
-                                    "turn_budget")},
-        "rl": {"steps": rl["steps"], "mean_step_s": rl.get("mean_step_s"),
-               "stopped": rl.get("stopped"), "rollouts": rl.get("rollouts"),
-               "statuses": rl.get("statuses")},
+        "demos": {
+            "episodes": len(lines),
+            "passed": sum(bool(x["passed"]) for x in lines),
+            "trained_on": sft["demonstrations"],
+            "left_out": sft["left_out"],
+        },
+        "sft": {
+            k: sft[k]
+            for k in ("steps", "loss_first", "loss_last", "assistant_tokens", "turn_budget")
+        },
+        "rl": {
+            "steps": rl["steps"],
+            "mean_step_s": rl.get("mean_step_s"),
+            "stopped": rl.get("stopped"),
+            "rollouts": rl.get("rollouts"),
+            "statuses": rl.get("statuses"),
+        },
         "success": {stage: success_rate(o) for stage, o in stages.items()},
-        "paired": {"base_to_sft": paired_comparison(stages["base"], stages["sft"]),
-                   "sft_to_sft_rl": paired_comparison(stages["sft"], stages["sft_rl"])},
+        "paired": {
+            "base_to_sft": paired_comparison(stages["base"], stages["sft"]),
+            "sft_to_sft_rl": paired_comparison(stages["sft"], stages["sft_rl"]),
+        },
         "during_rl": {
             label: {"rate": success_rate(o), "vs_sft": paired_comparison(stages["sft"], o)}
             for label in periodic
@@ -321,9 +365,9 @@ def summarize(pipe: Path, cfg: TrainConfig | None = None, group_by: str | None =
         },
         "wall_s": {**walls, "total": sum(w for w in walls.values() if w is not None)},
         "runs": {"sft": str(sft_dir), "rl": str(rl_dir)},
-    }  # fmt: skip
+    }
     if cfg is not None and group_by is not None:
-        from rldojo.training.preflight import build_mixture
+        from rldojo.training.inputs import build_mixture
 
         kinds = {t.id: str(t.info.get(group_by)) for t in build_mixture(cfg).test_tasks}
         summary["by_kind"] = {"key": group_by, **by_kind(kinds, stages)}

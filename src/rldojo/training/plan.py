@@ -1,5 +1,5 @@
 """The dry run's plan: the run's size (steps, samples, evaluations, model) and its time
-estimate (`rldojo train --dry-run` prints it; `rldojo.training.preflight.dry_run`).
+estimate (`rldojo train --dry-run` prints it; `rldojo.training.dry_run.dry_run`).
 
 The estimate is calibrated on this machine with the run's own model and sampler
 (`rldojo.training.estimate`: a few seconds of real generation, a few real episodes of a
@@ -100,22 +100,30 @@ class Plan:
     def _estimate_lines(self) -> list[str]:
         """The estimate: one price, or (multi-turn) the played turns' price and the range
         from one turn to every turn; then the load it was calibrated under."""
-        head = (f"estimate ({self.basis or f'matmul probe {self.gflops:.0f} GFLOP/s'}, "
-                "every sample at max_new_tokens")  # fmt: skip
-        one = (f"~{self.step_s:.0f} s a step, ~{self.eval_s:.0f} s an evaluation, "
-               f"~{self.total_s / 60:.1f} min in all")  # fmt: skip
-        span = (f"~{self.one_turn_step_s:.0f}-{self.all_turns_step_s:.0f} s a step, "
-                f"~{self.one_turn_eval_s:.0f}-{self.all_turns_eval_s:.0f} s an evaluation, "
-                f"~{self.one_turn_total_s / 60:.1f}-{self.all_turns_total_s / 60:.1f} min "
-                "in all")  # fmt: skip
+        head = (
+            f"estimate ({self.basis or f'matmul probe {self.gflops:.0f} GFLOP/s'}, "
+            "every sample at max_new_tokens"
+        )
+        one = (
+            f"~{self.step_s:.0f} s a step, ~{self.eval_s:.0f} s an evaluation, "
+            f"~{self.total_s / 60:.1f} min in all"
+        )
+        span = (
+            f"~{self.one_turn_step_s:.0f}-{self.all_turns_step_s:.0f} s a step, "
+            f"~{self.one_turn_eval_s:.0f}-{self.all_turns_eval_s:.0f} s an evaluation, "
+            f"~{self.one_turn_total_s / 60:.1f}-{self.all_turns_total_s / 60:.1f} min "
+            "in all"
+        )
         if self.turns == 1:
             out = [f"{head}): {one}"]
         elif not self.played:
             out = [f"{head}; episodes of one to {self.turns} turns): {span}"]
         else:
             mean = f"{self.mean_turns:.2g} turn{'' if self.mean_turns == 1 else 's'}"
-            out = [f"{head}; episodes of {mean}, the mean of {self.played} played here): {one}",
-                   f"  if episodes took one to {self.turns} turns: {span}"]  # fmt: skip
+            out = [
+                f"{head}; episodes of {mean}, the mean of {self.played} played here): {one}",
+                f"  if episodes took one to {self.turns} turns: {span}",
+            ]
         if self.load is not None:
             out.append(load_line(self.load, self.cores))
         return out
@@ -125,8 +133,10 @@ def load_line(load: float, cores: int) -> str:
     """How the machine's load at calibration bears on the estimate."""
     at = f"load: calibrated at load {load:.1f} on {cores} core{'s' if cores != 1 else ''}"
     if load > cores:
-        return (f"{at}, more than the cores: the estimate is for that load (an idle machine "
-                "is faster, a busier one slower)")  # fmt: skip
+        return (
+            f"{at}, more than the cores: the estimate is for that load (an idle machine "
+            "is faster, a busier one slower)"
+        )
     return f"{at}: expect slower steps if the load grows"
 
 

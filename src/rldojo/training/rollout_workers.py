@@ -26,13 +26,17 @@ def remote_graders(config: TrainConfig, envs: Any) -> tuple[EnvWorkerPool, Mixtu
     """Each environment's grader (or the spec's), built and run in worker processes of
     their own pool (with the grade timeout); the pool and the grader over it."""
     ro, spec = config.rollout, config.grader.spec
-    pool = EnvWorkerPool(max(1, ro.env_workers), timeout_s=ro.grade_timeout_s,
-                         retries=ro.env_retries)  # fmt: skip
-    grader = MixtureGrader({
-        env_id: pool.spec_grader(spec, slot.grader.name) if spec is not None
-        else pool.env_grader(env_id, slot.kwargs, slot.grader.name)
-        for env_id, slot in envs.slots.items()
-    })  # fmt: skip
+    pool = EnvWorkerPool(
+        max(1, ro.env_workers), timeout_s=ro.grade_timeout_s, retries=ro.env_retries
+    )
+    grader = MixtureGrader(
+        {
+            env_id: pool.spec_grader(spec, slot.grader.name)
+            if spec is not None
+            else pool.env_grader(env_id, slot.kwargs, slot.grader.name)
+            for env_id, slot in envs.slots.items()
+        }
+    )
     return pool, grader
 
 
@@ -43,13 +47,27 @@ def ray_pool(config: TrainConfig, entries: list) -> Any:
 
     cfg = config
     ro = cfg.rollout
-    sampler = WorkerSampler(cfg.generation.backend, cfg.model.generation_dtype, cfg.run.seed,
-                            vllm_memory_share(cfg), cfg.generation.prefix_cache_mb)  # fmt: skip
+    sampler = WorkerSampler(
+        cfg.generation.backend,
+        cfg.model.generation_dtype,
+        cfg.run.seed,
+        vllm_memory_share(cfg),
+        cfg.generation.prefix_cache_mb,
+    )
     args = (
-        cfg.model.name, entries, cfg.grader.spec, sampler,
-        ro.env_timeout_s, ro.grade_timeout_s, ro.max_turns, ro.worker_threads,
-    )  # fmt: skip
+        cfg.model.name,
+        entries,
+        cfg.grader.spec,
+        sampler,
+        ro.env_timeout_s,
+        ro.grade_timeout_s,
+        ro.max_turns,
+        ro.worker_threads,
+    )
     return RayRolloutPool(
-        workers=ro.workers, actor_args=args, address=cfg.run.ray_address,
-        timeout_s=ro.worker_timeout_s, num_gpus=ro.worker_gpus,
-    )  # fmt: skip
+        workers=ro.workers,
+        actor_args=args,
+        address=cfg.run.ray_address,
+        timeout_s=ro.worker_timeout_s,
+        num_gpus=ro.worker_gpus,
+    )

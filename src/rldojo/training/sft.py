@@ -8,7 +8,8 @@ mask an RL rollout of the same text has: the loss is on the assistant's tokens o
 content and its end-of-turn token); the prompt, tool results, environment turns and the
 chat template's text between turns are masked.
 
-Per optimizer step `sft.batch_size` demonstrations (shuffled per epoch with `run.seed`),
+Per optimizer step `sft.batch_size` demonstrations (`run.epochs` passes, shuffled per
+epoch with `run.seed`),
 sorted by length and cut into micro-batches of `optim.micro_batch_size` rows (length
 bucketing: little padding), gradients accumulated; the loss is the mean negative
 log-likelihood over the step's assistant tokens. The output layer runs at those tokens
@@ -35,8 +36,6 @@ interrupts, trackers and callbacks work as they do for RL. The run directory
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import os
 import random
 import time
@@ -48,15 +47,9 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from rldojo.config import TrainConfig, dump_config, load_config
+from rldojo.config import TrainConfig, load_config
+from rldojo.config.stages import for_objective
 from rldojo.data.loading import DataError
-from rldojo.eval.harness import EvalResult
-from rldojo.policy import models
-from rldojo.policy.lora import trainable_parameters
-from rldojo.policy.training_model import check_training_model, load_training_model, make_policy
-from rldojo.rollout.episodes import TurnProgress
-from rldojo.store.checkpoint import latest_checkpoint
-from rldojo.store.files import write_atomically
 from rldojo.training.batch import (
     build_token_batch,
     completion_logits,
@@ -71,27 +64,11 @@ from rldojo.training.demo_data import (
     tokenize_demos,
     turn_budget,
 )
-from rldojo.training.distributed import (
-    Dist,
-    check_shardable,
-    gather_into,
-    is_sharded,
-    rank_device,
-    rank_micro_batches,
-    shard_model,
-)
-from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
+from rldojo.training.distributed import is_sharded, rank_micro_batches
 from rldojo.training.loop import new_run_dir, run_loop, with_console
-from rldojo.training.preflight import build_mixture, pass_threshold
-from rldojo.training.rank_checkpoints import restore_trainer_state, save_on_ranks
-from rldojo.training.resources import resolve_resources, seed_everything
+from rldojo.training.run import Run
 from rldojo.training.stops import RunStopped
-from rldojo.training.update import (
-    adamw_with_schedule,
-    clipped_step,
-    forward_context,
-    release_freed_memory,
-)
+from rldojo.training.update import forward_context
 from rldojo.types import Rollout
 
 __all__ = [
@@ -125,7 +102,7 @@ def sft_schedule(
 
 
 def sft_step(
-    model: Any,
+    model: torch.nn.Module,
     rollouts: Sequence[Rollout],
     micro_batches: Sequence[Sequence[int]],
     *,
@@ -186,11 +163,16 @@ def run_sft(
         raise DataError("sft.data", None, "no demonstrations: pass --data FILE or set sft.data")
     # The file as used is part of the config: config.toml records it, a resume reads it.
     config = config.model_copy(update={"sft": config.sft.model_copy(update={"data": path})})
+    config = for_objective(config, "sft")  # [sft.optim] etc. over the shared sections
     return run_loop(
-        lambda d: SftObjective(config, run_dir, resume=resume, dist=d), config, run_dir,
-        command="sft", resume=resume, overwrite=overwrite,
+        lambda d: SftObjective(Run(config, run_dir, resume=resume, dist=d, tasks=False)),
+        config,
+        run_dir,
+        command="sft",
+        resume=resume,
+        overwrite=overwrite,
         callbacks=with_console(callbacks, console),
-    )  # fmt: skip
+    )
 
 
 class SftObjective:
@@ -198,88 +180,52 @@ class SftObjective:
 
     command = "sft"
     kind = "sft"
-    summary_keys = ("model", "data", "demonstrations", "steps", "loss_first", "loss_last",
-                    "accuracy_before", "accuracy_after", "checkpoint", "wall_s")  # fmt: skip
+    summary_keys = (
+        "model",
+        "data",
+        "demonstrations",
+        "steps",
+        "loss_first",
+        "loss_last",
+        "accuracy_before",
+        "accuracy_after",
+        "checkpoint",
+        "wall_s",
+    )
 
-    def __init__(self, config: TrainConfig, run_dir: Path, *, resume: bool = False,
-                 dist: Dist | None = None) -> None:  # fmt: skip
-        self.dist = dist or Dist()
-        cfg, self.precision, self.threads = resolve_resources(config)
-        if not cfg.sft.lora:  # a full-weight cold start; RL adds the adapters to its checkpoint
-            cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora": None})})
-        self.config, self.run_dir, s = cfg, run_dir, cfg.sft
-        self.data = str(s.data)
+    def __init__(self, run: Run) -> None:
+        cfg, s = run.config, run.config.sft
+        self.run, self.config, self.data = run, cfg, str(s.data)
         demos, not_passed = read_demos(self.data, only_passed=s.only_passed)
-        self.mixture = build_mixture(cfg) if cfg.eval.tasks else None  # env ids, kwargs checked
-        checkpoint = latest_checkpoint(run_dir / "checkpoints") if resume else None
-        models.check_model(cfg.model.name)
-        check_training_model(cfg.model, checkpoint, cfg.run.cluster)
-        seed_everything(cfg.run.seed, cfg.run.deterministic)
-        self.device = rank_device(self.precision.device, self.dist)
-        check_shardable(cfg, self.dist, self.device)
-        self.model, self.tokenizer = load_training_model(
-            cfg.model, checkpoint, self.device, lambda name: models.load_model(name)
-        )  # late-bound: tests replace `load_model`
-        demo_set = tokenize_demos(demos, self.tokenizer, max_seq_len=s.max_seq_len, path=self.data)
+        run.load(sampler=False)
+        demo_set = tokenize_demos(demos, run.tokenizer, max_seq_len=s.max_seq_len, path=self.data)
         demo_set.skipped["not_passed"] += not_passed
         if not demo_set.rollouts:
             left = dict(demo_set.skipped)
             raise DataError(self.data, None, f"no demonstration left to train on ({left})")
         self.rollouts, self.skipped = demo_set.rollouts, dict(demo_set.skipped)
         self.budget = turn_budget(cfg, self.rollouts)
-        if self.dist.main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_atomically(run_dir / "config.toml", dump_config(cfg))
         self.schedule = sft_schedule(
             [len(r.prompt_ids) + len(r.completion_ids) for r in self.rollouts],
-            batch_size=s.batch_size, micro_batch_size=cfg.optim.micro_batch_size,
-            epochs=s.epochs, seed=cfg.run.seed,
-        )  # fmt: skip
-        self.total_steps = len(self.schedule)
-        # Sharded, rank 0 evaluates on an unsharded copy, given the gathered weights.
-        evaluates = self.mixture is not None and self.dist.main
-        self.eval_model = copy.deepcopy(self.model) if evaluates and self.dist.sharded else None
-        if self.dist.sharded:
-            shard_model(
-                self.model,
-                self.dist,
-                self.device,
-                cfg.model.autocast_bf16 is True,
-                offload=cfg.run.cpu_offload,
-            )
-        self._optimizer(checkpoint)
-        self.policy = None if not (evaluates or not self.dist.sharded) else make_policy(
-            cfg, self.eval_model or self.model, self.tokenizer,
-            self.precision.torch_generation_dtype())  # fmt: skip
-        self.threshold = pass_threshold(cfg, self.mixture) if self.mixture is not None else 1.0
-        self.grader = self.mixture.grader() if self.mixture is not None else None
-        self.over_budget: RunStopped | None = None
-        self._loop = asyncio.new_event_loop()  # one for every evaluation: grader pools bind
-
-    def _optimizer(self, checkpoint: Path | None) -> None:
-        """AdamW (fused, as rldojo train's) and the schedule; restored from `checkpoint`."""
-        cfg, s = self.config, self.config.sft
-        self.params = trainable_parameters(self.model)
-        self.optimizer, self.scheduler = adamw_with_schedule(
-            self.params, cfg.optim, lr=s.lr, warmup=s.warmup_steps, total=len(self.schedule)
+            batch_size=s.batch_size,
+            micro_batch_size=cfg.optim.micro_batch_size,
+            epochs=cfg.run.epochs,
+            seed=cfg.run.seed,
         )
-        self.step_num, self.nonfinite = 0, 0
-        self.evals: dict[str, dict[str, Any]] = {}
+        self.total_steps = len(self.schedule)
+        self.nonfinite = 0
         self.loss_first: float | None = None
         self.loss_last: float | None = None
-        if checkpoint is not None:
-            state = restore_trainer_state(checkpoint, self.model, self.optimizer,
-                                          self.scheduler, self.dist)  # fmt: skip
-            self.step_num, self.evals = int(state["step"]), state.get("evals", {})
-            self.nonfinite = int(state.get("nonfinite_skipped", 0))
-            self.loss_first, self.loss_last = state.get("loss_first"), state.get("loss_last")
+        self.over_budget: RunStopped | None = None
+        run.start(self)
 
     def header(self) -> list[str]:
+        run = self.run
         lines = [
             f"[bold]rldojo sft[/] {self.config.model.name} on {len(self.rollouts)} demonstrations "
-            f"from {self.data} -> {self.run_dir} (left out: {self.skipped or 'none'}); "
-            f"threads: {self.threads.describe()}",
-            f"precision: {self.precision.describe()}",
+            f"from {self.data} -> {run.run_dir} (left out: {self.skipped or 'none'}); "
+            f"threads: {run.threads.describe()}",
+            f"precision: {run.precision.describe()}",
         ]
         b = self.budget
         for key, over in b["demos_over"].items():
@@ -295,81 +241,66 @@ class SftObjective:
     def preflight(self) -> RunStopped | None:
         return None
 
-    def evaluates(self, label: str) -> bool:
-        before = self.config.sft.eval_before and self.config.eval.before
-        return self.mixture is not None and (label != "before" or before)
-
     def step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
-        cfg = self.config
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        autocast = partial(forward_context, cfg, self.model, self.device)
-        rows = self.schedule[self.step_num]
-        mbs, padding = rank_micro_batches(rows, self.dist, cfg.optim.micro_batch_size)
+        run, cfg = self.run, self.config
+        autocast = partial(forward_context, cfg, run.model, run.device)
+        rows = self.schedule[run.step_num]
+        mbs, padding = rank_micro_batches(rows, run.dist, cfg.optim.micro_batch_size)
         total = sum(sum(self.rollouts[i].policy_mask) for mb in rows for i in mb)
-        loss, tokens = sft_step(self.model, self.rollouts, mbs, pad_id=pad_id,
-                                autocast=autocast, total=total, padding=padding,
-                                world=self.dist.world)  # fmt: skip
-        loss = self.dist.sum(loss)  # each rank's share of the step's mean
-        lr = self.scheduler.get_last_lr()[0]
-        norm, stepped = clipped_step(self.optimizer, self.params, cfg.optim.grad_clip)
+        loss, tokens = sft_step(
+            run.model,
+            self.rollouts,
+            mbs,
+            pad_id=run.pad_id,
+            autocast=autocast,
+            total=total,
+            padding=padding,
+            world=run.dist.world,
+        )
+        loss = run.dist.sum(loss)  # each rank's share of the step's mean
+        lr = run.lr()
+        norm, stepped = run.optimizer_step()
         self.nonfinite += not stepped
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step_num += 1
         self.loss_first = loss if self.loss_first is None else self.loss_first
         self.loss_last = loss
-        return {"sft/loss": loss, "sft/tokens": tokens, "sft/grad_norm": float(norm),
-                "sft/lr": lr, "sft/nonfinite_skipped": float(not stepped),
-                "time/step": time.perf_counter() - t0}  # fmt: skip
+        return {
+            "sft/loss": loss,
+            "sft/tokens": tokens,
+            "sft/grad_norm": norm,
+            "sft/lr": lr,
+            "sft/nonfinite_skipped": float(not stepped),
+            "time/step": time.perf_counter() - t0,
+        }
 
     def after_step(self, metrics: dict[str, Any]) -> list[str]:
         if metrics["sft/nonfinite_skipped"]:
-            return [f"warning: sft step {self.step_num}: gradient norm {metrics['sft/grad_norm']}"
-                    ", step skipped (weights unchanged)"]  # fmt: skip
+            return [
+                f"warning: sft step {self.run.step_num}: gradient norm "
+                f"{metrics['sft/grad_norm']}, step skipped (weights unchanged)"
+            ]
         return []
 
     def step_line(self, step: int, m: dict[str, Any]) -> str:
-        epochs = self.config.sft.epochs
+        epochs = self.config.run.epochs
         epoch = (step - 1) * epochs // max(self.total_steps, 1) + 1  # equal steps per epoch
-        return (f"sft step {step:>3}/{self.total_steps} epoch {epoch}/{epochs} "
-                f"loss {m['sft/loss']:.4f} "
-                f"tokens {m['sft/tokens']} lr {m['sft/lr']:.2e}")  # fmt: skip
+        return (
+            f"sft step {step:>3}/{self.total_steps} epoch {epoch}/{epochs} "
+            f"loss {m['sft/loss']:.4f} "
+            f"tokens {m['sft/tokens']} lr {m['sft/lr']:.2e}"
+        )
 
-    def evaluate(self, label: str, progress: TurnProgress | None = None) -> EvalResult | None:
-        """Rank 0 evaluates (sharded: on its unsharded copy, given the gathered weights);
-        every rank gets the record, so all take the same turns after it."""
-        assert self.mixture is not None and self.grader is not None
-        if self.dist.sharded:
-            lora = self.config.model.lora is not None
-            gather_into(self.model, self.eval_model, self.dist, adapters_only=lora)
-        result = None
-        if self.dist.main:
-            assert self.policy is not None
-            # glibc keeps the steps' freed heap (16-18.5 GiB after SFT on web-crm-v1's
-            # 2,000-token episodes); the evaluation's browsers need it. Once, not per
-            # step: trimmed every step, SFT took 37.6 s a step instead of 29.7 s.
-            release_freed_memory()
-            self.policy.update_weights(None)  # the sampler sees the trained weights
-            tasks = heldout_tasks(self.config, self.mixture.test_tasks, label)
-            result = heldout_eval(self.config, self.mixture.make_env_for, self.grader,
-                                  self.policy, tasks, self.threshold, self._loop,
-                                  progress)  # fmt: skip
-        record = eval_record(result) if result is not None else None
-        self.evals[label] = self.dist.broadcast(record)
-        return result
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "sft": True,
+            "nonfinite_skipped": self.nonfinite,
+            "loss_first": self.loss_first,
+            "loss_last": self.loss_last,
+        }
 
-    def save(self) -> Path:
-        state = {"sft": True, "evals": self.evals, "nonfinite_skipped": self.nonfinite,
-                 "loss_first": self.loss_first, "loss_last": self.loss_last,
-                 "world_size": self.dist.world}  # fmt: skip
-        # Whole weights and the optimizer by parameter name (also in one process), or
-        # each rank's shards of both: resumable on any world size.
-        return save_on_ranks(self.run_dir / "checkpoints", self.step_num, model=self.model,
-                             writer=self.model, tokenizer=self.tokenizer,
-                             optimizer=self.optimizer, scheduler=self.scheduler, state=state,
-                             d=self.dist, files=self.config.run.checkpoint_format, gather=True,
-                             by_name=True)  # fmt: skip
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.nonfinite = int(state.get("nonfinite_skipped", 0))
+        self.loss_first, self.loss_last = state.get("loss_first"), state.get("loss_last")
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -383,11 +314,8 @@ class SftObjective:
             "loss_first": self.loss_first,
             "loss_last": self.loss_last,
             "nonfinite_skipped": self.nonfinite,
-            "precision": self.precision.as_dict(),
+            "precision": self.run.precision.as_dict(),
         }
 
     def close(self) -> None:
-        close = getattr(self.grader, "close", None)
-        if close is not None and asyncio.iscoroutine(result := close()):
-            self._loop.run_until_complete(result)
-        self._loop.close()
+        pass

@@ -1,7 +1,7 @@
 """The metrics logged for one step's rollouts and groups (`rldojo.rollout.groups`).
 
 Besides reward, lengths and statuses, `signal/` holds what explains a step without
-learning signal (`rldojo.training.signal` reads it): how many completions were cut at the
+learning signal (`rldojo.training.no_signal` reads it): how many completions were cut at the
 token limit and how many had no answer the grader could extract.
 """
 

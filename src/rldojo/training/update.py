@@ -74,14 +74,16 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def adamw_with_schedule(params: Any, optim: OptimConfig, *, lr: float, warmup: int,
-                        total: int) -> tuple[torch.optim.Optimizer, Any]:  # fmt: skip
+def adamw_with_schedule(
+    params: Any, optim: OptimConfig, *, lr: float, warmup: int, total: int
+) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW over `params` (`optim`'s betas and weight decay; fused: one kernel per step
     instead of foreach's full-size temporaries, for the peak memory) and its learning-rate
     schedule: `lr_lambda` with `warmup` steps over `total`, `optim.schedule`. The one
     optimizer of every objective (GRPO, SFT, distillation)."""
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=optim.betas,
-                                  weight_decay=optim.weight_decay, fused=True)  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        params, lr=lr, betas=optim.betas, weight_decay=optim.weight_decay, fused=True
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: lr_lambda(k, warmup, total, optim.schedule)
     )
@@ -122,8 +124,9 @@ def autocast_context(config: TrainConfig, device: torch.device) -> Any:
         # of the weights). Under activation checkpointing the layers' casts would not be
         # kept for the backward pass anyway, so the cache only adds to the peak: skip it.
         cache = not config.optim.activation_checkpointing
-        return torch.autocast(autocast_device_type(device), dtype=torch.bfloat16,
-                              cache_enabled=cache)  # fmt: skip
+        return torch.autocast(
+            autocast_device_type(device), dtype=torch.bfloat16, cache_enabled=cache
+        )
     return nullcontext()
 
 
@@ -142,9 +145,13 @@ class PolicyUpdate:
     """Owns nothing but references: the trained model, the KL reference, the optimizer."""
 
     def __init__(
-        self, model: Any, ref_model: Any, optimizer: torch.optim.Optimizer, config: TrainConfig,
+        self,
+        model: Any,
+        ref_model: Any,
+        optimizer: torch.optim.Optimizer,
+        config: TrainConfig,
         dist: Dist | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.model, self.ref_model = model, ref_model
         self.optimizer, self.config = optimizer, config
         self.dist = dist or Dist()
@@ -173,8 +180,9 @@ class PolicyUpdate:
                 num_tokens = losses.loss_normaliser(
                     selected[rows], batch.policy_mask[rows], self.config.loss.normaliser
                 )
-                steps.append(self._step(batch, advantages, selected, num_tokens, version,
-                                        old, plan))  # fmt: skip
+                steps.append(
+                    self._step(batch, advantages, selected, num_tokens, version, old, plan)
+                )
         out = {key: sum(s[key] for s in steps) / len(steps) for key in steps[0]}
         out["optim/grad_norm_max"] = max(s["optim/grad_norm"] for s in steps)
         # optimizer steps skipped for a NaN or inf gradient (a count, not a mean)
@@ -190,8 +198,12 @@ class PolicyUpdate:
         return rank_micro_batches(micro, self.dist, size)
 
     @torch.no_grad()
-    def _old_logprobs(self, batch: TokenBatch, selected: torch.Tensor,
-                      plans: Sequence[tuple[list[list[int]], int]]) -> torch.Tensor:  # fmt: skip
+    def _old_logprobs(
+        self,
+        batch: TokenBatch,
+        selected: torch.Tensor,
+        plans: Sequence[tuple[list[list[int]], int]],
+    ) -> torch.Tensor:
         """`pi_old`: the log-probs `[B, T]` before any step, where the loss will read them
         (this rank's rows; the others stay 0)."""
         temperature = self.config.sampling.temperature or 1.0
@@ -200,8 +212,9 @@ class PolicyUpdate:
             for rows in micro[: len(micro) - padding]:
                 mb = batch.rows(rows).to(self.device)
                 where = selected[rows][:, : mb.completion_ids.shape[1]].to(self.device)
-                lp = self._logprobs(self.model, mb, temperature, where if self._split(self.model)
-                                    else None)  # fmt: skip
+                lp = self._logprobs(
+                    self.model, mb, temperature, where if self._split(self.model) else None
+                )
                 out[rows, : lp.shape[1]] = lp.to(out.dtype)
             for rows in micro[len(micro) - padding :]:  # a collective the others take part in
                 self._logprobs(self.model, batch.rows(rows).to(self.device), temperature, None)
@@ -224,10 +237,17 @@ class PolicyUpdate:
         self.optimizer.zero_grad(set_to_none=True)
         results = []
         for rows, weight in zip(micro, weights, strict=True):
-            results.append(self._microbatch_backward(
-                batch.rows(rows), advantages[rows], selected[rows], num_tokens, version,
-                None if old is None else old[rows], weight,
-            ))  # fmt: skip
+            results.append(
+                self._microbatch_backward(
+                    batch.rows(rows),
+                    advantages[rows],
+                    selected[rows],
+                    num_tokens,
+                    version,
+                    None if old is None else old[rows],
+                    weight,
+                )
+            )
             release_freed_memory()  # the micro-batch's activations, before the next one
         host = _to_host(results)
         sums = dict.fromkeys(host[0], 0.0)  # every micro-batch has the same keys
@@ -273,8 +293,11 @@ class PolicyUpdate:
         ranks the loss is scaled by the world size: the sharded model averages the ranks'
         gradients, and each rank's loss is its part of the mini-batch's sum."""
         cfg, lc = self.config, self.config.loss
-        mb, advantages, selected = (mb.to(self.device), advantages.to(self.device),
-                                    selected.to(self.device))  # fmt: skip
+        mb, advantages, selected = (
+            mb.to(self.device),
+            advantages.to(self.device),
+            selected.to(self.device),
+        )
         temperature = cfg.sampling.temperature or 1.0
         t = mb.completion_ids.shape[1]
         where = selected[:, :t] if self._split(self.model) else None  # [M, T] or None
@@ -285,25 +308,21 @@ class PolicyUpdate:
                 ref_where = where if self._split(self.ref_model) else None
                 ref = self._logprobs(self.ref_model, mb, temperature, ref_where)  # [M, T]
         behaviour = mb.behaviour_logprobs  # [M, T]
-        # Stale rows (sampled by other weights: older ones, or ones a crash lost) take the
-        # PPO ratio against their behaviour log-probs; on-policy rows against pi_old (the
-        # weights before this batch's first step) with a truncated IS weight for the
-        # sampler's numeric mismatch (bf16 sampler, fp32 trainer).
-        versions = (
-            mb.versions if mb.versions is not None else torch.zeros(mb.size, device=self.device)
-        )  # [M] fmt: skip
-        stale = (versions != version)[:, None]  # [M, 1] (newer: from lost weights)
         pre = logprobs.detach() if old_logprobs is None else old_logprobs[:, :t]  # [M, T]
-        old = torch.where(stale, behaviour, pre)  # [M, T]
-        is_weights = None
-        if lc.tis_cap is not None:
-            ratio = (pre - behaviour).exp().clamp(max=lc.tis_cap)  # [M, T]
-            is_weights = torch.where(stale, torch.ones_like(ratio), ratio)  # [M, T]
+        old, is_weights = self._ratio_base(mb, pre, version)
         loss, m = losses.policy_loss(
-            logprobs, old, advantages[:, :t], selected[:, :t],
-            eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip,
-            num_tokens=num_tokens, ref_logprobs=ref, kl_coef=lc.kl_coef, is_weights=is_weights,
-        )  # fmt: skip
+            logprobs,
+            old,
+            advantages[:, :t],
+            selected[:, :t],
+            eps_low=lc.eps_low,
+            eps_high=lc.eps_high,
+            dual_clip=lc.dual_clip,
+            num_tokens=num_tokens,
+            ref_logprobs=ref,
+            kl_coef=lc.kl_coef,
+            is_weights=is_weights,
+        )
         scale = weight * self.dist.world
         (loss if scale == 1.0 else loss * scale).backward()
         policy = mb.policy_mask if where is None else where  # [M, T] tokens with a log-prob
@@ -314,6 +333,26 @@ class PolicyUpdate:
         tis = torch.where(policy, is_weights, 0.0).sum() if is_weights is not None else 0.0
         out["tis"] = tis
         return out
+
+    def _ratio_base(
+        self, mb: TokenBatch, pre: torch.Tensor, version: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What each row's PPO ratio is taken against, and its truncated IS weights.
+        Stale rows (sampled by other weights: older ones, or ones a crash lost) take their
+        behaviour log-probs; on-policy rows `pre`, pi_old (the weights before this batch's
+        first step), with a truncated IS weight for the sampler's numeric mismatch (bf16
+        sampler, fp32 trainer; `loss.tis_cap`). Returns `(old [M, T], weights [M, T] or
+        None)`."""
+        behaviour = mb.behaviour_logprobs  # [M, T]
+        zeros = torch.zeros(mb.size, device=self.device)
+        versions = mb.versions if mb.versions is not None else zeros  # [M]
+        stale = (versions != version)[:, None]  # [M, 1] (newer: from lost weights)
+        old = torch.where(stale, behaviour, pre)  # [M, T]
+        cap = self.config.loss.tis_cap
+        if cap is None:
+            return old, None
+        ratio = (pre - behaviour).exp().clamp(max=cap)  # [M, T]
+        return old, torch.where(stale, torch.ones_like(ratio), ratio)  # [M, T]
 
     @torch.no_grad()
     def entropy(self, batch: TokenBatch) -> torch.Tensor:
@@ -334,8 +373,11 @@ class PolicyUpdate:
     def _split(self, model: Any) -> bool:
         """Whether the output layer runs on the loss's positions alone (not under FSDP:
         its root unit gathers the output layer only in the model's own forward)."""
-        return (self.config.optim.selected_logits and splits_output_layer(model)
-                and not is_sharded(model))  # fmt: skip
+        return (
+            self.config.optim.selected_logits
+            and splits_output_layer(model)
+            and not is_sharded(model)
+        )
 
     def _logprobs(
         self, model: Any, mb: TokenBatch, temperature: float, where: torch.Tensor | None
