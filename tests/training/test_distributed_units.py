@@ -1,5 +1,6 @@
-"""The pure parts of sharded training: how a step's rows are dealt to ranks, and the
-one-line refusals before any process group or model exists."""
+"""The pure parts of sharded training: how a step's rows are dealt to ranks, the
+one-line refusals before any process group or model exists, and the group of one that
+`run.shard = "fsdp"` makes in one process."""
 
 from __future__ import annotations
 
@@ -40,11 +41,27 @@ def test_three_ranks_each_take_the_same_number_of_forward_passes():
 def test_the_shard_setting_and_the_world_size_must_agree(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert init_dist("auto", torch.device("cpu"), 60).world == 1
-    with pytest.raises(ConfigValueError, match=r"run\.shard = 'fsdp' needs several ranks"):
-        init_dist("fsdp", torch.device("cpu"), 60)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigValueError, match=r"run\.shard = 'none' with 2 ranks"):
         init_dist("none", torch.device("cpu"), 60)
+
+
+def test_fsdp_in_one_process_shards_over_a_group_of_one(monkeypatch):
+    """`run.shard = "fsdp"` without torchrun: a process group of one (FSDP's CPU offload on
+    one GPU); closing the run leaves no group behind."""
+    import torch.distributed as dist
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this process already")
+    d = init_dist("fsdp", torch.device("cpu"), 60)
+    try:
+        assert (d.rank, d.world, d.sharded, d.main) == (0, 1, True, True)
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        assert d.sum(2.0) == 2.0 and d.broadcast("x") == "x"
+    finally:
+        d.close()
+    assert not dist.is_initialized()
 
 
 def test_what_sharding_cannot_do_here_is_refused_in_one_line():
@@ -56,10 +73,18 @@ def test_what_sharding_cannot_do_here_is_refused_in_one_line():
         check_shardable(TrainConfig.model_validate(both), two, cpu)
     offload = TrainConfig.model_validate({"run": {"cpu_offload": True}})
     check_shardable(offload, two, cuda)  # several CUDA ranks: what it is for
+    check_shardable(offload, Dist(sharded=True), cuda)  # run.shard = "fsdp" on one GPU
     with pytest.raises(ConfigValueError, match=r"run\.cpu_offload .* the cpu device"):
         check_shardable(offload, two, cpu)
-    with pytest.raises(ConfigValueError, match=r"run\.cpu_offload .* one process"):
+    with pytest.raises(ConfigValueError, match=r"run\.cpu_offload .* one process unsharded"):
         check_shardable(offload, Dist(), cuda)
+
+
+def test_a_model_object_given_to_the_run_is_not_sharded():
+    given = TrainConfig.model_validate({"model": {"name": "object:abc"}})
+    check_shardable(given, Dist(), torch.device("cpu"))  # one process, unsharded: trains it
+    with pytest.raises(ConfigValueError, match=r"run\.shard: a model object given"):
+        check_shardable(given, Dist(sharded=True), torch.device("cpu"))
 
 
 def test_a_positional_optimizer_state_loads_by_parameter_name():

@@ -27,10 +27,13 @@ pytestmark = pytest.mark.slow  # torchrun, two processes with the model
 
 DEMOS = [("What is 2 + 3?", "5"), ("What is 7 - 4?", "3"), ("What is 6 * 2?", "12"),
          ("What is 9 + 9?", "18"), ("What is 1 + 1?", "2")]  # fmt: skip
-SETS = ["model.name=tiny-random", "model.autocast_bf16=false", "sft.epochs=3",
-        "sft.batch_size=5", "sft.warmup_steps=0", "optim.micro_batch_size=2", "sft.lr=1e-3",
+SETS = ["model.name=tiny-random", "model.autocast_bf16=false", "run.epochs=3",
+        "sft.batch_size=5", "optim.warmup_steps=0", "optim.micro_batch_size=2", "optim.lr=1e-3",
         "eval.tasks=0", "run.report_to=[]", "run.threads=1", "run.deterministic=true",
         "run.checkpoint_every=1"]  # fmt: skip
+
+
+OBSERVED = "rldojo.training.run"  # the module whose `clipped_step` the observer wraps
 
 
 def _demos(tmp: Path) -> Path:
@@ -48,7 +51,7 @@ def _sft(tmp: Path, run: Path, ranks: int, sets: tuple[str, ...] = (),
     """`rldojo sft` on `ranks` ranks (torchrun for 2) with the observer, to the end."""
     args = ["sft", "--data", str(_demos(tmp)), "--run-dir", str(run),
             *[a for s in (*SETS, *sets) for a in ("--set", s)]]  # fmt: skip
-    return launch(tmp, "rldojo.training.sft", ranks, args, **env)
+    return launch(tmp, OBSERVED, ranks, args, **env)
 
 
 def _resume(run: Path, ranks: int) -> subprocess.CompletedProcess:
@@ -141,3 +144,19 @@ def test_sharded_checkpoint_files_resume_on_one_rank_and_export(tmp_path, refere
     assert mine.keys() == theirs.keys()
     assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) < 1e-4
     assert _losses(run) == pytest.approx(_losses(reference), rel=1e-5)
+
+
+def test_fsdp_in_one_process_trains_as_one_process(tmp_path, reference):
+    """`run.shard = "fsdp"` without torchrun: FSDP2 over a group of one (what gives its CPU
+    offload on one GPU) makes the unsharded run's losses and weights, and writes a `dcp`
+    checkpoint that loads in one process."""
+    from rldojo.policy.models import load_model
+
+    run = tmp_path / "run"
+    done = _sft(tmp_path, run, 1, ("run.shard=fsdp", "run.checkpoint_format=dcp"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _losses(run) == pytest.approx(_losses(reference), rel=1e-6)
+    saved = latest_checkpoint(run / "checkpoints")
+    assert saved is not None and (saved / "dcp").is_dir()
+    mine, theirs = load_model(str(saved))[0].state_dict(), _weights(reference)
+    assert max(float((mine[k] - theirs[k]).abs().max()) for k in theirs) < 1e-6

@@ -9,12 +9,15 @@ timeout on every collective (`run.dist_timeout_s`), so a rank that dies makes th
 fail with an error naming the lost rank instead of hanging. With `run.shard` "auto" or
 "fsdp" the model is sharded with FSDP2 (`fully_shard`): each decoder layer, then the
 whole model, so parameters, gradients and the optimizer's state are split across ranks
-and one layer's full weights exist at a time.
+and one layer's full weights exist at a time. `run.shard = "fsdp"` in one process shards
+over a group of one (for `run.cpu_offload` on one GPU).
 
 What the objectives need from it (`Dist`): which rank writes (rank 0 writes the run
 directory, the others compute), sums and broadcasts across ranks, how a step's rows are
-dealt to the ranks, and the full state dict gathered on rank 0 (into its whole copy for
-sampling, `gather_into`). Checkpoints on several ranks: `rldojo.training.rank_checkpoints`.
+dealt to the ranks, and the weights gathered into rank 0's whole copy for sampling, one
+tensor at a time (`gather_into`). Loading straight into the shards:
+`rldojo.training.sharded_load`; checkpoints on several ranks:
+`rldojo.training.rank_checkpoints`.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def world_size_from_env() -> int:
 
 @dataclass
 class Dist:
-    """This process's place among the ranks; `world == 1`: no process group."""
+    """This process's place among the ranks; no process group unless `sharded` (several
+    ranks, or `run.shard = "fsdp"` in one process: a group of one)."""
 
     rank: int = 0
     world: int = 1
@@ -115,22 +119,18 @@ class Dist:
             self.barrier()
 
     def close(self) -> None:
-        if self.world > 1 and dist.is_initialized():
+        if self.sharded and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def init_dist(shard: str, device: torch.device, timeout_s: float) -> Dist:
-    """Join the process group torchrun set up (none when `WORLD_SIZE` is 1); whether the
-    model is sharded follows `run.shard`. Raises `ConfigValueError` for `run.shard = "fsdp"`
-    without several ranks, or several ranks with `run.shard = "none"` (each rank would
-    train its own copy)."""
+    """Join the process group torchrun set up; whether the model is sharded follows
+    `run.shard`. One process (`WORLD_SIZE` 1) has no group, unless `run.shard = "fsdp"`:
+    then a group of one, so FSDP2 shards over it (its CPU offload on one GPU,
+    `run.cpu_offload`). Raises `ConfigValueError` for several ranks with `run.shard =
+    "none"` (each rank would train its own copy)."""
     world = world_size_from_env()
-    if world == 1:
-        if shard == "fsdp":
-            raise ConfigValueError(
-                "run.shard = 'fsdp' needs several ranks: launch with torchrun "
-                "--nproc-per-node N -m rldojo ..., or --nproc N"
-            )
+    if world == 1 and shard != "fsdp":
         return Dist()
     if shard == "none":
         raise ConfigValueError(f"run.shard = 'none' with {world} ranks: each rank would "
@@ -139,10 +139,15 @@ def init_dist(shard: str, device: torch.device, timeout_s: float) -> Dist:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     here = torch.device("cpu")
     if device.type == "cuda":  # before the group: NCCL's collectives use this GPU
-        here = torch.device("cuda", local)
+        here = torch.device("cuda", local if world > 1 else device.index or 0)
         torch.cuda.set_device(here)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if world == 1:  # no torchrun: a group of one, its store in this process
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)  # fmt: skip
+        else:
+            dist.init_process_group(backend, timeout=timeout)
     return Dist(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local,
                 sharded=True, device=here)  # fmt: skip
 
@@ -180,15 +185,24 @@ def rank_micro_batches(step: Sequence[Sequence[int]], d: Dist, size: int
 
 def check_shardable(config: TrainConfig, d: Dist, device: torch.device) -> None:
     """Refuse (one line) what sharded training cannot do here: LoRA adapters in sharded
-    checkpoint files (an adapter checkpoint is the adapters alone, written whole), and
-    `run.cpu_offload` without several CUDA ranks."""
+    checkpoint files (an adapter checkpoint is the adapters alone, written whole),
+    `run.cpu_offload` unless the model is sharded on CUDA (several ranks, or `run.shard =
+    "fsdp"` in one process), and sharding a model object given to the run (it trains in
+    place; FSDP would leave it split into shards)."""
+    from rldojo.policy.given_models import is_given
+
     if config.run.checkpoint_format == "dcp" and config.model.lora is not None:
         raise ConfigValueError("run.checkpoint_format = 'dcp' keeps whole models, not LoRA "
                                "adapters: use 'hf' with model.lora")  # fmt: skip
     if config.run.cpu_offload and (not d.sharded or device.type != "cuda"):
-        where = "one process" if not d.sharded else f"the {device.type} device"
+        where = "one process unsharded (run.shard = 'fsdp' shards it)" if not d.sharded \
+            else f"the {device.type} device"  # fmt: skip
         raise ConfigValueError(f"run.cpu_offload moves sharded state off CUDA ranks; this is "
                                f"{where}: leave it false")  # fmt: skip
+    if d.sharded and is_given(config.model.name):
+        raise ConfigValueError("run.shard: a model object given to the run trains in place "
+                               "and cannot be sharded; use run.shard = 'auto' in one process, "
+                               "or pass the model's directory as model.name")  # fmt: skip
 
 
 def shard_model(model: Any, d: Dist, device: torch.device, bf16: bool = False, *,
@@ -254,9 +268,34 @@ def full_state_dict(model: Any, d: Dist, *, trainable_only: bool = False) -> dic
 
 
 def gather_into(model: Any, whole: Any, d: Dist, *, adapters_only: bool = False) -> None:
-    """Every rank sends its shards of `model`; rank 0 loads the gathered weights into
-    `whole`, its unsharded copy for sampling or evaluating (None on the other ranks).
-    `adapters_only`: under LoRA only the adapters change, so only they are gathered."""
-    weights = full_state_dict(model, d, trainable_only=adapters_only)  # collective
-    if whole is not None:
-        whole.load_state_dict(weights, strict=not adapters_only)
+    """Every rank sends its shards of `model`; rank 0 copies the gathered weights into
+    `whole`, its unsharded copy for sampling or evaluating (None on the other ranks), one
+    tensor at a time: no second whole model is ever gathered beside it. `adapters_only`:
+    under LoRA only the adapters change, so only they are gathered."""
+    if not d.sharded:
+        if whole is not None and whole is not model:
+            whole.load_state_dict(full_state_dict(model, d, trainable_only=adapters_only),
+                                  strict=not adapters_only)  # fmt: skip
+        return
+    targets = whole.state_dict() if whole is not None else {}
+    done: set[int] = set()  # a tied weight is gathered once
+    with torch.no_grad():
+        for name, t in model.state_dict(keep_vars=True).items():
+            frozen = isinstance(t, torch.nn.Parameter) and not t.requires_grad
+            if (adapters_only and frozen) or id(t) in done:
+                continue
+            done.add(id(t))
+            full = _full_tensor(t.detach())  # collective for a shard
+            if whole is not None:
+                targets[name].copy_(full)
+
+
+def _full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value on every rank (its shards offloaded to the host are moved
+    to the mesh's device for the all-gather); a plain tensor as it is."""
+    if not hasattr(t, "full_tensor"):
+        return t
+    mesh_device = t.device_mesh.device_type  # type: ignore[attr-defined]
+    if t.device.type != mesh_device:
+        t = t.to(mesh_device)
+    return t.full_tensor()  # type: ignore[attr-defined]
