@@ -54,10 +54,13 @@ lint: $(STAMP)
 # pytest exits 5 when it collects no tests; report that plainly instead of a make error.
 # Two pytest processes (pytest-xdist), a test file each at a time (`--dist loadfile`: a
 # module's fixtures are built once): most tests wait on a subprocess, a server or a
-# browser, so two keep both cores busy. PYTEST_WORKERS=0 runs them in this process.
+# browser, so two keep both cores busy. Files are handed out in collection order
+# (`--no-loadscope-reorder`), which tests/conftest.py starts with the longest files.
+# PYTEST_WORKERS=0 runs them in this process.
 PYTEST_WORKERS ?= 2
 test: $(STAMP) sandbox-deps lint
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=20; rc=$$?; \
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --durations=20; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 # The unit tests alone: no model, process, server or browser (what `slow` marks; see

@@ -46,6 +46,66 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         guard.undo()
 
 
+LONGEST_FIRST = (
+    "tests/benchmarks/test_dry_runs.py",
+    "tests/service/test_jobs.py",
+    "tests/training/test_sft.py",
+    "tests/cluster/test_ray.py",
+    "tests/rollout/test_faults.py",
+    "tests/training/test_sharded_rl.py",
+    "tests/training/test_sharded.py",
+    "tests/benchmarks/test_gpu_check_dry.py",
+    "tests/training/test_resume_objectives.py",
+    "tests/test_cli_errors.py",
+    "tests/cluster/test_train_ranks.py",
+    "tests/training/test_trainer.py",
+    "tests/service/test_outcomes.py",
+    "tests/test_docs.py",
+    "tests/envs/test_check_env.py",
+    "tests/service/test_judge.py",
+    "tests/commands/test_sft_recipe.py",
+    "tests/training/test_lora.py",
+    "tests/training/test_two_nodes.py",
+    "tests/commands/test_pipeline.py",
+    "tests/service/test_ray.py",
+    "tests/training/test_activations.py",
+    "tests/envs/web_crm/test_browser.py",
+    "tests/test_api.py",
+    "tests/service/test_supervised.py",
+    "tests/test_agentic_gpu_dry.py",
+    "tests/rollout/test_kill_anywhere.py",
+    "tests/test_device.py",
+    "tests/rollout/test_async.py",
+    "tests/test_cli.py",
+    "tests/report/test_trackers.py",
+    "tests/envs/web_crm/test_env.py",
+    "tests/service/test_durability.py",
+    "tests/training/test_interrupts.py",
+    "tests/training/test_sharded_distill.py",
+    "tests/rollout/test_resume.py",
+    "tests/policy/test_smollm2_export.py",
+)
+"""The test files that take longest (`make test`, idle 2-core machine), longest first.
+`make test` hands files to its two xdist workers in collection order
+(`--dist loadfile --no-loadscope-reorder`): these go first, so that the suite does not end
+with one worker on a long file while the other idles. A file left out goes after them, in
+its usual order; the list is a schedule, not a set of rules (re-rank it from
+`--durations` when a file's time changes much)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    root = config.rootpath
+
+    def key(item: pytest.Item) -> int:
+        try:
+            return rank.get(item.path.relative_to(root).as_posix(), len(rank))
+        except ValueError:
+            return len(rank)
+
+    items.sort(key=key)  # stable: within a file and among the rest, the collected order
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """`(model, tokenizer)` of `tiny-random`, built once per session."""

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import warm
 
 from rldojo.training.estimate import PLAYED_EPISODES
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # subprocesses traini
 def test_the_dry_mode_compares_every_config_and_writes_outside_results():
     before = sorted(p.name for p in RESULTS.iterdir())
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "benchmarks/estimate_accuracy.py", "--dry", "--steps", "1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
     )  # fmt: skip
@@ -54,7 +54,7 @@ def test_the_dry_mode_compares_every_config_and_writes_outside_results():
 
 def test_an_unknown_config_is_refused():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "benchmarks/estimate_accuracy.py", "--dry", "--configs", "nope"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

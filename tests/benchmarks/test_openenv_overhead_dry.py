@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import warm
 
 pytest.importorskip("openenv", reason="the openenv extra: pip install 'rldojo[openenv]'")
 
@@ -27,7 +27,7 @@ def test_the_dry_mode_plays_both_envs_both_ways_and_writes_outside_results(tmp_p
     before = sorted(p.name for p in (RESULTS / "openenv_overhead").glob("*"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop(results_io.ENV_VAR, None)
-    done = subprocess.run(
+    done = warm.run(  # forked from a warm interpreter (tests/warm.py)
         [sys.executable, "benchmarks/openenv_overhead.py", "--dry", "--results", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
     )  # fmt: skip

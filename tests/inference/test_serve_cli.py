@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+import warm
 from typer.testing import CliRunner
 
 from rldojo.cli import app
@@ -57,10 +58,10 @@ class _Output:
 
 @contextlib.contextmanager
 def _serving(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, _Output]]:
-    """`rldojo serve --port 0 ARGS` in a fresh interpreter; yields the URL it prints and
-    its output, stops it with SIGINT (Ctrl-C) after."""
+    """`rldojo serve --port 0 ARGS` (forked from a warm interpreter, tests/warm.py); yields
+    the URL it prints and its output, stops it with SIGINT (Ctrl-C) after."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
-    proc = subprocess.Popen(
+    proc = warm.Popen(
         [sys.executable, "-m", "rldojo.cli", "serve", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -87,7 +88,7 @@ TEMPLATE = (
 )
 
 
-@pytest.mark.slow  # a fresh interpreter imports torch and loads the model: ~10 s
+@pytest.mark.slow  # a process that loads the model
 def test_rldojo_serve_command(tmp_path, tiny):
     template = tmp_path / "plain.jinja"
     template.write_text(TEMPLATE)
@@ -113,7 +114,7 @@ def test_rldojo_serve_command(tmp_path, tiny):
         assert err.value.body["code"] == "invalid_value" and "128" in err.value.body["message"]
 
 
-@pytest.mark.slow  # a fresh interpreter imports torch and loads the model: ~10 s
+@pytest.mark.slow  # a process that loads the model
 def test_served_name_and_key_from_the_environment():
     args = ("--model", "tiny-random", "--served-model-name", "tiny", "--no-request-log")
     with _serving(*args, env={"RLDOJO_API_KEY": "k3y"}) as (url, output):

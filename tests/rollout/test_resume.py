@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+import warm
 from safetensors.torch import load_file
 from tiny_config import tiny_overrides
 
@@ -100,7 +101,7 @@ def _kill_after_two_checkpoints(
     )
     log = run.parent / f"{run.name}.stderr"
     with log.open("wb") as err:
-        proc = subprocess.Popen(
+        proc = warm.Popen(  # forked from a warm interpreter (tests/warm.py)
             [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=err
         )
     try:
