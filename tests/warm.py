@@ -32,6 +32,7 @@ executable) runs as a plain subprocess. `RLDOJO_TEST_COLD=1` turns the fork serv
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -365,8 +366,9 @@ def _run_as_python(command: dict[str, Any] | None, env: dict[str, str], base: li
     skip = (__file__, "<frozen runpy>") if kind == "script" else (__file__,)
     sys.excepthook = _trimmed(sys.excepthook, skip)
     try:
-        if kind == "m":
-            runpy._run_module_as_main(what, alter_argv=True)  # as `python -m` does
+        if kind == "m":  # as `python -m` does; a module the server imported runs anew
+            sys.modules.pop(what, None)  # as __main__ (else runpy warns of the copy)
+            runpy._run_module_as_main(what, alter_argv=True)
         elif kind == "script":
             runpy.run_path(what, run_name="__main__")
         else:
@@ -399,7 +401,6 @@ def _exit_by_sigint() -> None:
 
 
 def _serve_main(path: str) -> None:
-    import atexit
     import importlib
     import pkgutil
 
@@ -472,14 +473,32 @@ class _Handle:
         return sock
 
 
+def _stop_servers() -> None:
+    """At this process's exit: each server ends (its stdin closes) and is waited for, so
+    that its CPU time counts to this process's children."""
+    for handle in _servers:
+        if handle.proc.stdin is not None:
+            handle.proc.stdin.close()
+        try:
+            handle.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            handle.proc.kill()
+            handle.proc.wait()
+
+
+if __name__ != "__main__":  # in the tests' process (the server runs this file as __main__)
+    atexit.register(_stop_servers)
+
+
 def enabled() -> bool:
     return os.environ.get("RLDOJO_TEST_COLD", "") != "1" and hasattr(os, "fork")
 
 
 def _server_for(env: dict[str, str]) -> _Handle:
     with _lock:
-        for handle in _servers:
-            if handle.proc.poll() is None and _agree(handle.env, env):
+        for handle in _servers:  # one that never started is not tried again
+            alive = handle.proc.poll() is None or not handle.ready
+            if alive and _agree(handle.env, env):
                 return handle
         handle = _Handle(env)
         _servers.append(handle)
@@ -519,15 +538,15 @@ class Popen(subprocess.Popen):
                        start_new_session, process_group):  # fmt: skip
         argv = [os.fspath(a) for a in ([args] if isinstance(args, (str, bytes)) else args)]
         plain = (shell or executable is not None or preexec_fn is not None or pass_fds
-                 or gid is not None or gids is not None or uid is not None or umask >= 0
-                 or process_group not in (None, -1) or not argv
+                 or not close_fds or gid is not None or gids is not None or uid is not None
+                 or umask >= 0 or process_group not in (None, -1) or not argv
                  or argv[0] != sys.executable)  # fmt: skip
         got = None
         if not plain:
             streams = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                        errwrite if errwrite != -1 else 2]  # fmt: skip
             child_env = dict(os.environ if env is None else env)
-            where = os.fspath(cwd) if cwd is not None else os.getcwd()
+            where = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
             got = _request(argv[1:], child_env, where, streams, start_new_session)
         if got is None:
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds,
@@ -657,19 +676,49 @@ def _stand_in_main(path: str) -> None:
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                    signal.SIGUSR1, signal.SIGUSR2):  # fmt: skip
         signal.signal(number, lambda n, _f: _forward(pid, n))
-    while True:
-        try:
-            code = int(_recv(sock)["returncode"])
-            break
-        except InterruptedError:
-            continue
-        except (OSError, EOFError):
-            code = -signal.SIGKILL
-            break
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+    code = _wait_for(pid, sock)
+    if code < 0:  # die of the same signal
+        if -code != signal.SIGKILL:
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
+
+
+def _wait_for(pid: int, sock: socket.socket) -> int:
+    """The child's exit status: read from /proc the moment it ends (while it is a zombie
+    the server has not reaped), else the server's word. Its end shows on this process at
+    once, as a child's would, however busy the server (torchrun names the rank that died
+    first by which of its processes it sees end first)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        pidfd = None
+    while True:
+        try:
+            ready, _, _ = select.select([sock] + ([pidfd] if pidfd is not None else []), [], [])
+            if pidfd in ready:
+                code = _zombie_status(pid)
+                if code is not None:
+                    return code
+                pidfd = None  # reaped already: the server says
+                continue
+            return int(_recv(sock)["returncode"])
+        except InterruptedError:
+            continue
+        except (OSError, EOFError, ValueError, KeyError):
+            return -signal.SIGKILL
+
+
+def _zombie_status(pid: int) -> int | None:
+    """The exit status of an ended, not yet reaped process (field 52 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    if len(fields) < 50 or fields[0] != "Z":
+        return None
+    return os.waitstatus_to_exitcode(int(fields[49]))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import openai
+import warm
 
 KEY_A, KEY_B = "sk-test-alice", "sk-test-bob"
 
@@ -39,7 +40,8 @@ class ServiceProcess:
         env = dict(
             os.environ, **(env or {}), RLDOJO_API_KEYS=f"{KEY_A},{KEY_B}", PYTHONUNBUFFERED="1"
         )
-        self.proc = subprocess.Popen(
+        # forked from a warm interpreter (tests/warm.py): the service's imports are done
+        self.proc = warm.Popen(
             [
                 sys.executable,
                 "-m",
