@@ -10,7 +10,8 @@ what every objective trains with, in the order it is built:
    threshold. (The objective checks its own inputs next: demonstrations, a teacher.)
 2. `load()`: the model name, LoRA's needs and sharding checked, then RUN/config.toml
    (rank 0, atomically: a run killed after this resumes; nothing is written before), the
-   trained model and tokenizer (LoRA included), sharded across the ranks, and the sampler
+   trained model and tokenizer (LoRA included), sharded across the ranks (each rank
+   reads only its shards: `rldojo.training.sharded_load`), and the sampler
    held-out evaluations and rollouts generate with (`policy`; sharded, rank 0 samples from
    a whole copy, `gen_model`, that `publish` refreshes).
 3. `start(objective)`: the optimizer (AdamW, `[optim]`) and its schedule over the
@@ -26,7 +27,6 @@ calls `load` and `start` from its constructor, between its own checks and data, 
 from __future__ import annotations
 
 import asyncio
-import copy
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,8 +41,6 @@ from rldojo.policy.lora import trainable_parameters
 from rldojo.policy.models import check_model, load_model
 from rldojo.policy.training_model import (
     check_training_model,
-    load_reference,
-    load_training_model,
     make_policy,
 )
 from rldojo.report.trackers import check_report_to
@@ -55,12 +53,12 @@ from rldojo.training.distributed import (
     check_shardable,
     gather_into,
     rank_device,
-    shard_model,
 )
 from rldojo.training.heldout import eval_record, heldout_eval, heldout_tasks
 from rldojo.training.inputs import build_mixture, pass_threshold
 from rldojo.training.rank_checkpoints import restore_trainer_state, save_on_ranks
 from rldojo.training.resources import resolve_resources, seed_everything
+from rldojo.training.sharded_load import load_sharded, load_sharded_frozen, sharded_reference
 from rldojo.training.update import adamw_with_schedule, clipped_step, release_freed_memory
 from rldojo.types import SamplingParams
 
@@ -135,48 +133,51 @@ class Run:
         if self.dist.main:  # first, and atomically: a run killed later can be resumed
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_atomically(self.run_dir / "config.toml", dump_config(cfg))
-        self.model, self.tokenizer = load_training_model(
-            cfg.model, self.checkpoint, self.device, lambda name: load_model(name)
-        )  # late-bound: tests replace `load_model` here
         wanted = sampler or cfg.eval.tasks > 0
+        loaded = load_sharded(
+            cfg.model,
+            self.checkpoint,
+            self.dist,
+            self.device,
+            bf16=cfg.model.autocast_bf16 is True,
+            offload=cfg.run.cpu_offload,
+            load=lambda name: load_model(name),  # late-bound: tests replace `load_model` here
+            whole=wanted,
+        )  # sharded: each rank reads only its shards; rank 0 also a whole copy to sample
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.sampled = wanted  # on every rank: whether rank 0 has a sampler (and its copy)
-        self.gen_model = self.model if wanted else None
-        if self.dist.sharded:
-            self.gen_model = copy.deepcopy(self.model) if wanted and self.dist.main else None
-            self.shard(self.model)
+        self.gen_model = loaded.whole
         if self.gen_model is not None:  # rank 0 alone samples when sharded
             gen_dtype = self.precision.torch_generation_dtype()
             self.policy = make_policy(cfg, self.gen_model, self.tokenizer, gen_dtype)
 
-    def shard(self, model: torch.nn.Module) -> None:
-        """Split `model` across the ranks (FSDP2; `run.cpu_offload`)."""
-        bf16 = self.config.model.autocast_bf16 is True
-        shard_model(model, self.dist, self.device, bf16, offload=self.config.run.cpu_offload)
-
     def reference(self) -> torch.nn.Module:
         """The initial model, frozen, sharded like the trained one (the KL reference):
         the base loaded again after a resume or under LoRA."""
-        ref = load_reference(
+        return sharded_reference(
             self.config.model,
             self.model,
             self.checkpoint,
+            self.dist,
             self.device,
-            lambda name: load_model(name),
+            bf16=self.config.model.autocast_bf16 is True,
+            offload=self.config.run.cpu_offload,
+            load=lambda name: load_model(name),
         )
-        if self.dist.sharded:
-            self.shard(ref)
-        return ref
 
     def frozen(self, name: str, *, whole_copy: bool = False) -> tuple[Any, Any, Any]:
         """Another model (a teacher), frozen on the run's device and sharded like the
         trained one; `(model, tokenizer, whole)`: `whole` a whole copy on rank 0 when
         `whole_copy` (sharded; else the model itself), for sampling from."""
-        model, tokenizer = load_model(name)
-        model = model.to(self.device).eval().requires_grad_(False)
-        whole: torch.nn.Module | None = model
-        if self.dist.sharded:
-            whole = copy.deepcopy(model) if whole_copy and self.dist.main else None
-            self.shard(model)
+        model, tokenizer, whole = load_sharded_frozen(
+            name,
+            self.dist,
+            self.device,
+            bf16=self.config.model.autocast_bf16 is True,
+            offload=self.config.run.cpu_offload,
+            load=lambda name: load_model(name),
+            whole=whole_copy or not self.dist.sharded,
+        )
         return model, tokenizer, whole
 
     def start(self, objective: Objective) -> dict[str, Any]:
