@@ -347,17 +347,19 @@ def test_debug_shows_the_traceback_a_failed_grade_kept(monkeypatch, capsys):
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium (make test)")
 def test_a_batch_larger_than_the_env_holds_at_once_is_one_line(tmp_path, no_model_load):
-    """web-crm-v1 holds `browser_contexts` episodes at once; the engine opens a whole
-    batch before its first turn, so 20 eval tasks on 16 contexts would time out."""
+    """web-crm-v1 holds `browser_contexts` episodes at once; the lockstep engine opens a
+    whole batch before its first turn, so 20 eval tasks on 16 contexts would time out.
+    (The episodes engine opens each episode when a slot is free: no refusal there.)"""
     out = f"run.output_dir={tmp_path / 'runs'}"
     web = 'env.kwargs={db_size="small", browser_contexts=16}'
+    lockstep = ["--set", "rollout.engine=lockstep"]
     result = runner.invoke(app, ["train", *TINY, "--set", "env.id=web-crm-v1", "--set", web,
-                                 "--set", "eval.tasks=20", "--set", out])  # fmt: skip
+                                 "--set", "eval.tasks=20", "--set", out, *lockstep])  # fmt: skip
     _one_line_error(result, "env.kwargs.browser_contexts: web-crm-v1 holds 16 episodes at once",
                     "eval.tasks starts 20 together")  # fmt: skip
     group = ["--set", "rollout.prompts_per_step=3", "--set", "rollout.group_size=8"]
     result = runner.invoke(app, ["train", *TINY, "--set", "env.id=web-crm-v1", "--set", web,
-                                 *group, "--set", out])  # fmt: skip
+                                 *group, "--set", out, *lockstep])  # fmt: skip
     _one_line_error(result, "rollout.prompts_per_step x group_size starts 24 together")
     assert not (tmp_path / "runs").exists()
 

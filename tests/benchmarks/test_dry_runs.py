@@ -69,6 +69,12 @@ CASES = [
           lambda r: set(r["summary"]) == {"static", "continuous_refill_1", "batch_all"}),
     _case("game_policy_probe", "dry.json",
           lambda r: r["positions"] == 4 and 0 <= r["checkpoints"]["tiny"]["p_expert"] <= 1),
+    _case("rollout_engine", "dry.json",
+          lambda r: set(r["scenarios"]["latency"]["added_s"]) == {"lockstep", "episodes"}
+          and all(run["statuses"] == {"ok": 4}
+                  for side in ("wait", "no_wait")
+                  for e in ("lockstep", "episodes")
+                  for run in r["scenarios"]["latency"][side][e]["runs"])),
     _case("multiturn_generation", "dry.json",
           lambda r: {"before", "merged", "prefix_cache"} <= set(r["variants"]) and r["games"] == 2),
     _case("rho_ablation", "dry.json",

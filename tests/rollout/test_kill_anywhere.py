@@ -201,7 +201,7 @@ def child_main() -> None:
     """The child: `rldojo train ARGS` with the phases traced and the kill plan armed."""
     observer = _Observer(os.environ["KILL_TRACE"], json.loads(os.environ["KILL_PLAN"]))
     observer.enter("import")
-    import rldojo.rollout.generation as generation_module
+    import rldojo.rollout.episodes as episodes_module
     import rldojo.store.ledger as ledger_module
     import rldojo.training.grpo as grpo_module
     import rldojo.training.rank_checkpoints as checkpoints_module
@@ -211,8 +211,8 @@ def child_main() -> None:
     observer.leave("import")
     for owner, name, phase in (
         (run_module, "load_model", "load"),
-        (generation_module, "collect_rollouts", "generate"),
-        (generation_module, "grade_rollouts", "grade"),
+        (episodes_module, "collect_rollouts", "generate"),  # deterministic: lockstep
+        (episodes_module, "grade_rollouts", "grade"),
         (checkpoints_module, "save_checkpoint", "save"),  # where the trainer's save calls it
         (grpo_module.GrpoObjective, "train_on", "train"),
         (ledger_module.Ledger, "add", "ledger.add"),

@@ -144,25 +144,21 @@ class RolloutWorker:
         version: int,
         weights: Weights | ObjectRef[Weights] | None,
     ) -> Graded:
-        from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
+        from rldojo.rollout.episodes import play_and_grade
 
         if self.policy.version != version:
             state = weights if isinstance(weights, dict) else _ray().get(weights)
             self.policy.update_weights(state)
             self.policy.version = version
-        rollouts = self.loop.run_until_complete(
-            collect_rollouts(
+        rollouts, scores = self.loop.run_until_complete(
+            play_and_grade(
                 self.envs.make_env_for,
                 self.policy,
+                self.grader,
                 requests,
                 sampling,
-                env_timeout_s=self.timeouts[0],
-                max_turns=self.max_turns,
-            )
-        )
-        scores = self.loop.run_until_complete(
-            grade_rollouts(
-                self.grader, rollouts, [r[0] for r in requests], timeout_s=self.timeouts[1]
+                limits=(self.timeouts[0], self.max_turns, None),
+                grade_timeout_s=self.timeouts[1],
             )
         )
         pid = os.getpid()

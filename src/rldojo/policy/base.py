@@ -123,6 +123,38 @@ def streams_steps(policy: Policy) -> TypeGuard[StreamingPolicy]:
     return "on_step" in inspect.signature(policy.generate).parameters
 
 
+class EnginePolicy(Policy, Protocol):
+    """A policy with an inference engine that takes one request at a time and batches the
+    requests in flight itself, at the token level: a request joins the running decode
+    batch at its next step and leaves it when it ends (the transformers backend's
+    `rldojo.policy.engine`). The rollout engine runs one coroutine per episode against it.
+
+    A request with `sampling.seed` set samples from a generator of its own, seeded with
+    it: its tokens depend on no other request in flight (up to float summation order).
+    Requests with equal prompts and seeds sample alike: give a group's requests seeds of
+    their own."""
+
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingParams) -> Completion:
+        """One completion of one prompt, decoded with whatever else is in flight."""
+        ...
+
+    def engine_stats(self) -> dict[str, float]:
+        """Counters since the engine started (each only grows): `decode_steps` (forward
+        passes of one token per row), `decode_rows` (their rows summed: / `decode_steps`
+        is the mean occupancy), `generated_tokens` (tokens sampled; each request's first
+        comes from its prefill), `prefill_tokens` (prompt tokens prefilled in the model),
+        `reused_tokens` (prompt tokens served from kept keys and values instead),
+        `joins` (requests that joined a batch already decoding), `busy_s` (seconds the
+        engine's thread spent in steps: the model and sampling), `max_rows` (the most
+        rows in flight at once). Zeros before the first request."""
+        ...
+
+
+def has_engine(policy: Policy) -> TypeGuard[EnginePolicy]:
+    """Whether `policy` takes requests one at a time (`EnginePolicy`)."""
+    return callable(getattr(policy, "agenerate", None))
+
+
 @runtime_checkable
 class ClosablePolicy(Protocol):
     """A policy with something to release at the end of a run (`Policy`'s optional member)."""

@@ -1,22 +1,31 @@
 """Cross-turn KV reuse for the transformers backend: a multi-turn episode's next prompt
 is its previous prompt, the sampled turn and the environment's answer
 (`rldojo.rollout.episodes` builds it from tokens), so the keys and values of everything
-before the answer were computed by the previous `generate` call. Kept, they turn each
+before the answer were computed when the previous turn was sampled. Kept, they turn each
 later turn's prefill from the whole conversation into its new tokens: on CPUs prefill is
 most of a multi-turn episode's generation (`benchmarks/multiturn_generation.py`).
 
-Lifetime: the entries of one `generate` call serve the next call only. `collect_rollouts`
-asks for every live episode at each turn, so an entry the next call does not use belongs
-to an episode that ended; it is dropped then, and memory holds one turn's conversations.
-Any change of the weights (an optimizer step, a loaded state dict, `update_weights`)
-changes `weights_fingerprint`, which empties the cache. Stored: each finished row's
-keys and values over its real tokens (the prompt and the sampled tokens the model was
-fed: all but the last), on the model's device in the generation dtype, up to `max_bytes`
-per call (rows past it are not stored; they prefill in full next turn).
+Stored: each finished row's keys and values over its real tokens (the prompt and the
+sampled tokens the model was fed: all but the last), on the model's device in the
+generation dtype. Any change of the weights (an optimizer step, a loaded state dict,
+`update_weights`) changes `weights_fingerprint`, which empties the cache: keys computed
+by other weights would sample another policy.
+
+Two lifetimes, for the two ways turns arrive:
+- per call (`sample`, `TransformersPolicy.generate`): the entries of one call serve the
+  next call only. `collect_rollouts` asks for every live episode at each turn, so an
+  entry the next call does not use belongs to an episode that ended; it is dropped then,
+  and memory holds one turn's conversations, up to `max_bytes` per call (rows past it are
+  not stored; they prefill in full next turn).
+- lasting (`lasting=True`: the decode engine's, `rldojo.policy.engine`): there are no
+  calls, an episode's next turn arrives whenever its environment answers. An entry stays
+  until a turn takes it; past `max_bytes` the least recently stored go first (an ended
+  episode's entry is never taken, so it ages out).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -45,7 +54,13 @@ class Entry:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
-def weights_fingerprint(model: torch.nn.Module, version: int) -> tuple[object, ...]:
+Fingerprint = tuple[object, ...]
+"""Identifies the weights keys and values were computed with (`weights_fingerprint`)."""
+
+_Key = tuple[int, ...]
+
+
+def weights_fingerprint(model: torch.nn.Module, version: int) -> Fingerprint:
     """Changes whenever a parameter of `model` changes: in-place updates bump a tensor's
     version counter (`Tensor._version`, what autograd checks), replacement changes its
     identity or storage; `version` is the policy's own count of `update_weights` calls."""
@@ -53,28 +68,43 @@ def weights_fingerprint(model: torch.nn.Module, version: int) -> tuple[object, .
 
 
 class PrefixCache:
-    """Token sequence -> its KV, for the next `generate` call (module docstring)."""
+    """Token sequence -> its KV, per call or lasting (module docstring)."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, *, lasting: bool = False) -> None:
         self.max_bytes = max_bytes
-        self._fingerprint: tuple[object, ...] | None = None
+        self.lasting = lasting
+        self._fingerprint: Fingerprint | None = None
         # token sequence -> (its KV, how many rows ended with it: each continues once)
-        self._serving: dict[tuple[int, ...], tuple[Entry, int]] = {}  # the previous call's
-        self._stored: dict[tuple[int, ...], tuple[Entry, int]] = {}  # this call's
-        self._stored_bytes = 0
+        # what `take` serves (per call: the previous call's; lasting: oldest stored first)
+        self._serving: OrderedDict[_Key, tuple[Entry, int]] = OrderedDict()
+        self._stored: dict[_Key, tuple[Entry, int]] = {}  # per call: this call's
+        self._bytes = 0  # held by the entries `store` fills (`_stored`, or lasting `_serving`)
         self.reused_tokens = 0  # over the cache's life, for tests and benchmarks
         self.prompt_tokens = 0
 
-    def begin(self, fingerprint: tuple[object, ...]) -> None:
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the entries stored and not yet freed (per call: this call's)."""
+        return self._bytes
+
+    def check_weights(self, fingerprint: Fingerprint) -> None:
+        """Empty the cache when the weights changed since the last check."""
+        if fingerprint != self._fingerprint:
+            self._serving, self._stored, self._bytes = OrderedDict(), {}, 0
+            self._fingerprint = fingerprint
+
+    def begin(self, fingerprint: Fingerprint) -> None:
         """A `generate` call starts: the last call's entries serve it (none if the weights
-        changed since)."""
-        self._serving = self._stored if fingerprint == self._fingerprint else {}
-        self._fingerprint = fingerprint
-        self._stored, self._stored_bytes = {}, 0
+        changed since). Lasting: only the weights are checked."""
+        self.check_weights(fingerprint)
+        if not self.lasting:
+            self._serving = OrderedDict(self._stored)
+            self._stored, self._bytes = {}, 0
 
     def end(self) -> None:
-        """The call is over: entries it did not use belong to ended episodes."""
-        self._serving = {}
+        """The call is over: entries it did not use belong to ended episodes (per call)."""
+        if not self.lasting:
+            self._serving = OrderedDict()
 
     def take(self, prompt: Sequence[int]) -> Entry | None:
         """The longest served entry whose tokens start `prompt` and leave at least one of
@@ -90,21 +120,39 @@ class PrefixCache:
                         self._serving[key] = (entry, rows - 1)
                     else:
                         del self._serving[key]
+                        if self.lasting:
+                            self._bytes -= entry.nbytes
                     return entry
         return None
 
     def store(self, tokens: Sequence[int], entry: Entry) -> None:
+        """Keep `entry`, the KV of `tokens`, for a turn that continues them."""
         if entry.length != len(tokens):
             raise ValueError(
                 f"prefix cache: {entry.length} cached positions for {len(tokens)} tokens"
             )
         key = tuple(tokens)
-        if key in self._stored:  # the same conversation in another row
-            kept, rows = self._stored[key]
-            self._stored[key] = (kept, rows + 1)
-        elif self._stored_bytes + entry.nbytes <= self.max_bytes:
+        target = self._serving if self.lasting else self._stored
+        if key in target:  # the same conversation in another row
+            kept, rows = target[key]
+            target[key] = (kept, rows + 1)
+            if self.lasting:
+                self._serving.move_to_end(key)
+        elif self.lasting:
+            self._store_evicting(key, entry)
+        elif self._bytes + entry.nbytes <= self.max_bytes:
             self._stored[key] = (entry, 1)
-            self._stored_bytes += entry.nbytes
+            self._bytes += entry.nbytes
+
+    def _store_evicting(self, key: _Key, entry: Entry) -> None:
+        """Lasting: add `entry`, then free the least recently stored while over the cap."""
+        if entry.nbytes > self.max_bytes:
+            return
+        self._serving[key] = (entry, 1)
+        self._bytes += entry.nbytes
+        while self._bytes > self.max_bytes:
+            _, (old, _) = self._serving.popitem(last=False)
+            self._bytes -= old.nbytes
 
 
 def store_rows(

@@ -18,14 +18,18 @@ Seeds: each prompt gets its own generator, seeded from `(params.seed, prompt ind
 seeded call is reproducible and its samples do not depend on `max_batch`. How a token is
 picked, and the seeds: `rldojo.policy.token_choice`.
 
+The loop's pieces (prefill, join, sample and record, store what ended, drop it, decode a
+step) are shared with `rldojo.policy.engine`, which runs the same loop across calls:
+requests arrive one at a time and join whenever they come.
+
 Input: prompt token ids. Output: per prompt (in input order), the sampled token ids, their
 behaviour log-probabilities and entropies at the sampling temperature, and the finish reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -47,11 +51,52 @@ from rldojo.types import FinishReason, SamplingParams
 
 
 @dataclass
+class SampledRow:
+    """One prompt's sample so far: its tokens, their behaviour log-probabilities and
+    entropies, and why it ended (`length` until a stop ends it)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+
+    def add(
+        self,
+        token: int,
+        logprob: float,
+        entropy: float,
+        tokenizer: Tokenizer,
+        params: SamplingParams,
+        eos_ids: set[int],
+    ) -> bool:
+        """Append one sampled token; whether the row goes on (False: it ended, and
+        `finish_reason` says why)."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        self.entropies.append(entropy)
+        if token in eos_ids or (params.stop and _hits_stop(tokenizer, self.token_ids, params.stop)):
+            self.finish_reason = "stop"
+            return False
+        return len(self.token_ids) < params.max_new_tokens
+
+
+@dataclass
 class SampledBatch:
+    """`sample`'s result: per prompt, in input order, its `SampledRow`'s fields."""
+
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     entropies: list[list[float]]
     finish_reasons: list[FinishReason]
+
+    @staticmethod
+    def of(rows: Sequence[SampledRow]) -> SampledBatch:
+        return SampledBatch(
+            [r.token_ids for r in rows],
+            [r.logprobs for r in rows],
+            [r.entropies for r in rows],
+            [r.finish_reason for r in rows],
+        )
 
 
 @dataclass(frozen=True)
@@ -69,10 +114,12 @@ class DecodeStep:
     """Per row: `stop` or `length` when this token ended it, else None."""
 
     @staticmethod
-    def of(run: _Running, token: torch.Tensor, keep: list[int], result: SampledBatch) -> DecodeStep:
+    def of(
+        run: _Running, token: torch.Tensor, keep: list[int], rows: Sequence[SampledRow]
+    ) -> DecodeStep:
         """The step just sampled: `token` per row of `run`, `keep` the rows going on."""
         kept = set(keep)
-        finished = [None if i in kept else result.finish_reasons[r] for i, r in enumerate(run.rows)]
+        finished = [None if i in kept else rows[r].finish_reason for i, r in enumerate(run.rows)]
         return DecodeStep(list(run.rows), token.tolist(), run.logits, finished)
 
 
@@ -88,7 +135,11 @@ class _Running:
     mask: torch.Tensor  # [B, L] 1 where the cache holds a real token
     next_pos: torch.Tensor  # [B] position id of the next token to feed
     logits: torch.Tensor  # [B, V] next-token logits
-    rows: list[int]  # prompt index of each batch row
+    rows: list[int]  # each batch row's prompt: its index (`sample`), its request (engine)
+
+
+Prompts = Sequence[list[int]] | Mapping[int, list[int]]
+"""Prompt token ids by the ids of `_Running.rows`: a list (`sample`) or a mapping (engine)."""
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +218,7 @@ def _prefill(
 
 
 def _prefill_cached(
-    model: torch.nn.Module, prompts: list[list[int]], hits: dict[int, Entry], pad_id: int
+    model: torch.nn.Module, prompts: Prompts, hits: dict[int, Entry], pad_id: int
 ) -> _Running:
     """Prompts whose start has cached keys and values (`rldojo.policy.prefix_cache`):
     only the rest of each is run through the model, after its left-padded past."""
@@ -191,12 +242,13 @@ def _prefill_cached(
 
 def _prefill_rows(
     model: torch.nn.Module,
-    prompts: list[list[int]],
+    prompts: Prompts,
     rows: list[int],
     pad_id: int,
     prefix: PrefixCache | None,
-) -> _Running:
-    """Prefill `rows`: those with a cached start from it, the others in full."""
+) -> tuple[_Running, int]:
+    """Prefill `rows`: those with a cached start from it, the others in full. Returns the
+    rows' running batch and how many of their prompt tokens the cache served."""
     hits = {}
     if prefix is not None:
         hits = {r: e for r in rows if (e := prefix.take(prompts[r])) is not None}
@@ -205,11 +257,12 @@ def _prefill_rows(
     if hits:
         reused = _prefill_cached(model, prompts, hits, pad_id)
         run = reused if run is None else _join(run, reused)
+    reused_tokens = sum(e.length for e in hits.values())
     if prefix is not None:
-        prefix.reused_tokens += sum(e.length for e in hits.values())
+        prefix.reused_tokens += reused_tokens
         prefix.prompt_tokens += sum(len(prompts[r]) for r in rows)
     assert run is not None
-    return run
+    return run, reused_tokens
 
 
 def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -264,6 +317,44 @@ def _decode_step(model: torch.nn.Module, run: _Running, token: torch.Tensor) -> 
     run.logits = out.logits[:, -1]  # [B, V]
 
 
+def _record(
+    rows: Sequence[SampledRow],
+    params: Sequence[SamplingParams],
+    token: torch.Tensor,
+    logp: torch.Tensor,
+    ent: torch.Tensor,
+    tokenizer: Tokenizer,
+    eos_ids: set[int],
+) -> list[int]:
+    """Append each batch row's sampled token to `rows[i]` (sampled by `params[i]`);
+    return the batch indices of the rows still decoding."""
+    picked = zip(rows, params, token.tolist(), logp.tolist(), ent.tolist(), strict=True)
+    keep: list[int] = []
+    for i, (row, p, tok, lp, e) in enumerate(picked):
+        if row.add(tok, lp, e, tokenizer, p, eos_ids):
+            keep.append(i)
+    return keep
+
+
+def _store_ended(prefix: PrefixCache | None, run: _Running, ended: Mapping[int, list[int]]) -> None:
+    """Keep the KV of the batch rows that ended (`ended`: batch index -> the tokens the
+    model was fed for it: its prompt and all its sampled tokens but the last)."""
+    if prefix is not None and ended:
+        store_rows(prefix, run.cache, run.mask, dict(ended))
+
+
+def _advance(model: torch.nn.Module, run: _Running, token: torch.Tensor, keep: list[int]) -> bool:
+    """Drop the rows that ended, feed the others their token (`[B]`); False when none
+    goes on (then `run` is spent)."""
+    if not keep:
+        return False
+    if len(keep) < len(run.rows):
+        _keep_rows(run, keep)
+        token = token[torch.tensor(keep, dtype=torch.long, device=token.device)]  # [B']
+    _decode_step(model, run, token)
+    return True
+
+
 def _pad_id(tokenizer: Tokenizer, eos_ids: set[int]) -> int:
     """The padding id (a tokenizer without one pads with an end id: the mask hides it)."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
@@ -306,64 +397,32 @@ def sample(
     if cap < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     refill_at = max(1, cap // 4) if refill_at is None else max(1, min(refill_at, cap))
-    result = SampledBatch(
-        [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)], ["length"] * n
-    )
+    rows = [SampledRow() for _ in range(n)]
     if n == 0 or params.max_new_tokens <= 0:
-        return result
+        return SampledBatch.of(rows)
     generators = row_generators(params.seed, n)
     run: _Running | None = None
     pending = 0  # index of the next prompt to prefill
     while True:
         live = len(run.rows) if run is not None else 0
-        can_join = run is None or joinable(run.cache)
-        take = _refill_size(live, n - pending, cap, refill_at, can_join)
+        take = _refill_size(live, n - pending, cap, refill_at, run is None or joinable(run.cache))
         if take:
-            rows = list(range(pending, pending + take))
-            new = _prefill_rows(model, prompts, rows, _pad_id(tokenizer, eos_ids), prefix_cache)
+            taken = list(range(pending, pending + take))
+            new, _ = _prefill_rows(model, prompts, taken, _pad_id(tokenizer, eos_ids), prefix_cache)
             run = new if run is None else _join(run, new)
             pending += take
         if run is None:
-            return result
+            return SampledBatch.of(rows)
         row_gens = [generators[r] for r in run.rows] if generators is not None else None
         token, logp, ent = sample_next(run.logits, params, row_gens)  # [B], [B], [B]
-        keep = _record(result, run.rows, token, logp, ent, tokenizer, params, eos_ids)
+        batch = [rows[r] for r in run.rows]
+        keep = _record(batch, [params] * len(batch), token, logp, ent, tokenizer, eos_ids)
         if on_step is not None:
-            on_step(DecodeStep.of(run, token, keep, result))
-        if prefix_cache is not None and len(keep) < len(run.rows):
-            kept, ids = set(keep), result.token_ids  # a finished row was fed all but its last
-            ended = {i: prompts[r] + ids[r][:-1] for i, r in enumerate(run.rows) if i not in kept}
-            store_rows(prefix_cache, run.cache, run.mask, ended)
-        if not keep:
+            on_step(DecodeStep.of(run, token, keep, rows))
+        kept = set(keep)  # a finished row was fed all but its last token
+        ended = {
+            i: prompts[r] + rows[r].token_ids[:-1] for i, r in enumerate(run.rows) if i not in kept
+        }
+        _store_ended(prefix_cache, run, ended)
+        if not _advance(model, run, token, keep):
             run = None
-            continue
-        if len(keep) < len(run.rows):
-            _keep_rows(run, keep)
-            token = token[torch.tensor(keep, dtype=torch.long, device=token.device)]
-        _decode_step(model, run, token)
-
-
-def _record(
-    result: SampledBatch,
-    rows: list[int],
-    token: torch.Tensor,
-    logp: torch.Tensor,
-    ent: torch.Tensor,
-    tokenizer: Tokenizer,
-    params: SamplingParams,
-    eos_ids: set[int],
-) -> list[int]:
-    """Append each row's sampled token; return the batch indices of rows still decoding."""
-    keep: list[int] = []
-    for i, (row, tok, lp, e) in enumerate(
-        zip(rows, token.tolist(), logp.tolist(), ent.tolist(), strict=True)
-    ):
-        tokens = result.token_ids[row]
-        tokens.append(tok)
-        result.logprobs[row].append(lp)
-        result.entropies[row].append(e)
-        if tok in eos_ids or (params.stop and _hits_stop(tokenizer, tokens, params.stop)):
-            result.finish_reasons[row] = "stop"
-        elif len(tokens) < params.max_new_tokens:
-            keep.append(i)
-    return keep

@@ -22,29 +22,53 @@ frozen base is the same in both).
 Thread safety (asynchronous rollouts): `generate` runs under a lock. `update_weights`
 never waits for a generation in flight: if one is running it stages the new weights and
 the next `generate` call loads them first, so each call samples from one policy version.
+
+One request at a time (`agenerate`, the `EnginePolicy` protocol): a `DecodeEngine`
+(`rldojo.policy.engine`), started at the first request, decodes every request in flight
+as one batch on its own thread. It takes the same lock for each prefill or decode step,
+not for a request's life, so `generate` calls and weight updates go between its steps;
+it loads staged weights before a step (a request in flight then finishes on the new
+weights). A transient copy holds weights while the engine is busy: they are cast at the
+first step after it was idle (and again if the trained weights change meanwhile) and
+freed when nothing is in flight, so the trainer's synchronous step, which runs after its
+rollouts, still holds no second copy. The engine keeps its own lasting prefix cache of
+`prefix_cache_mb` (an episode's next turn comes whenever its environment answers); the
+`generate` calls' cache keeps its per-call lifetime. `close` stops the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rldojo.policy import lora
 from rldojo.policy.base import Tokenizer, chat_template_ids, completion_text, stop_ids
-from rldojo.policy.prefix_cache import PrefixCache, weights_fingerprint
-from rldojo.policy.sampling import StepHook, sample
+from rldojo.policy.engine import DEFAULT_MAX_BATCH, STATS, DecodeEngine, EngineClosedError
+from rldojo.policy.prefix_cache import Fingerprint, PrefixCache, weights_fingerprint
+from rldojo.policy.sampling import SampledRow, StepHook, sample
 from rldojo.types import Completion, Message, SamplingParams
 
 if TYPE_CHECKING:
     from peft import PeftModel
 
-# Rows decoded at once. On 2 cores in bf16, 64 rows in one batch give ~2x the tokens/s of
-# 16 slots (benchmarks/results/continuous_batching.json), so keep the slots wide.
-DEFAULT_MAX_BATCH = 64
+
+def _resolve_dtype(generation_dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A torch dtype or None (the model's own); `"auto"`: measured on this machine."""
+    if not isinstance(generation_dtype, str):
+        return generation_dtype
+    if generation_dtype != "auto":
+        raise ValueError(
+            f"generation_dtype must be a torch dtype or 'auto', got {generation_dtype!r}"
+        )
+    from rldojo.hardware import resolve_precision
+
+    return resolve_precision(autocast_bf16=False).torch_generation_dtype()
 
 
 class TransformersPolicy:
@@ -67,12 +91,13 @@ class TransformersPolicy:
         with pending prompts (continuous batching, see `rldojo.policy.sampling`).
         `chunk_size` is its former name, still accepted. `generation_dtype`: a torch
         dtype, None (the model's own) or `"auto"` (measured, `rldojo.hardware.precision`).
-        `transient_copy`: a copy in another dtype holds weights only during `generate`
+        `transient_copy`: a copy in another dtype holds weights only while it samples
         (the trainer's synchronous rollouts); ignored with `separate_copy`. `merge_lora`:
         a transient copy of a LoRA model holds merged weights (False: the adapters, as a
         lasting copy does; a baseline for `benchmarks/multiturn_generation.py`).
         `prefix_cache_mb`: memory for the last call's conversations' keys and values, so
-        a next turn prefills only its new tokens (`rldojo.policy.prefix_cache`; 0: off)."""
+        a next turn prefills only its new tokens (`rldojo.policy.prefix_cache`; 0: off);
+        the engine (`agenerate`) keeps a lasting cache of its own of that size."""
         if max_batch is not None and chunk_size is not None and max_batch != chunk_size:
             raise ValueError("pass max_batch or its old name chunk_size, not both")
         max_batch = max_batch if max_batch is not None else chunk_size
@@ -83,17 +108,15 @@ class TransformersPolicy:
         self.version = 0
         self.max_batch = max_batch
         self._train_model = model
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the generation model runs under it
         self._staged: tuple[dict[str, Any], int] | None = None
+        self._held: Fingerprint | None = None  # transient: the trained weights it holds now
+        self._engine: DecodeEngine | None = None  # started by the first `agenerate`
+        self._engine_busy = False  # the engine has requests in flight (under `_lock`)
+        self._engine_lock = threading.Lock()  # starts and stops it (not `_lock`: held per step)
+        self._closed = False
         train_dtype = next(model.parameters()).dtype
-        if isinstance(generation_dtype, str):
-            if generation_dtype != "auto":
-                raise ValueError(
-                    f"generation_dtype must be a torch dtype or 'auto', got {generation_dtype!r}"
-                )
-            from rldojo.hardware import resolve_precision
-
-            generation_dtype = resolve_precision(autocast_bf16=False).torch_generation_dtype()
+        generation_dtype = _resolve_dtype(generation_dtype)
         same_dtype = generation_dtype is None or generation_dtype == train_dtype
         self._transient = transient_copy and not same_dtype and not separate_copy
         # the LoRA model whose merged weights a transient copy holds (None: no merging)
@@ -137,14 +160,31 @@ class TransformersPolicy:
         """One completion per prompt; `on_step` sees every decode step's tokens as they are
         sampled (`rldojo.policy.sampling.DecodeStep`; `rldojo serve` streams them)."""
         with self._lock:
-            if not self._transient:
-                self._load_staged()
-                return self._generate(prompts, sampling, self._gen_model, on_step)
-            self._cast_weights()
+            fingerprint = self._ready_weights()
             try:
-                return self._generate(prompts, sampling, self._train_model, on_step)
+                return self._generate(prompts, sampling, fingerprint, on_step)
             finally:
-                self._drop_weights()
+                if not self._engine_busy:
+                    self._release_weights()
+
+    def _ready_weights(self) -> Fingerprint:
+        """Before the generation model runs (under `_lock`): its weights current (staged
+        ones loaded; a transient copy cast from the trained model unless it holds its
+        current weights already). Returns the fingerprint of the weights it samples with."""
+        if not self._transient:
+            self._load_staged()
+            return weights_fingerprint(self._gen_model, self.version)
+        fingerprint = weights_fingerprint(self._train_model, self.version)
+        if fingerprint != self._held:
+            self._cast_weights()
+            self._held = fingerprint
+        return fingerprint
+
+    def _release_weights(self) -> None:
+        """Nothing samples any more (under `_lock`): a transient copy frees its weights."""
+        if self._transient:
+            self._drop_weights()
+            self._held = None
 
     def _cast_weights(self) -> None:
         """The transient copy: the trainer's current weights (LoRA merged), cast to the
@@ -167,15 +207,15 @@ class TransformersPolicy:
         self,
         prompts: Sequence[Sequence[int]],
         sampling: SamplingParams,
-        weights: torch.nn.Module,
+        fingerprint: Fingerprint,
         on_step: StepHook | None = None,
     ) -> list[Completion]:
-        """Sample with the generation model; `weights`: the model whose parameters it
-        holds now (a change of theirs empties the prefix cache)."""
+        """Sample with the generation model; `fingerprint`: its weights' now (a change
+        of theirs empties the prefix cache)."""
         was_training = self._gen_model.training
         self._gen_model.eval()
         if self.prefix_cache is not None:
-            self.prefix_cache.begin(weights_fingerprint(weights, self.version))
+            self.prefix_cache.begin(fingerprint)
         try:
             batch = sample(
                 self._gen_model,
@@ -191,14 +231,53 @@ class TransformersPolicy:
             self._gen_model.train(was_training)
             if self.prefix_cache is not None:
                 self.prefix_cache.end()
-        results: list[Completion] = []
         rows = zip(
             batch.token_ids, batch.logprobs, batch.entropies, batch.finish_reasons, strict=True
         )
-        for ids, lps, ents, reason in rows:
-            text = completion_text(self.tokenizer, ids, sampling.stop)
-            results.append(Completion(text, tuple(ids), tuple(lps), reason, tuple(ents)))
-        return results
+        return [self._completion(SampledRow(*row), sampling) for row in rows]
+
+    def _completion(self, row: SampledRow, sampling: SamplingParams) -> Completion:
+        text = completion_text(self.tokenizer, row.token_ids, sampling.stop)
+        return Completion(
+            text, tuple(row.token_ids), tuple(row.logprobs), row.finish_reason, tuple(row.entropies)
+        )
+
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingParams) -> Completion:
+        """One completion of `prompt`, decoded by the engine together with every other
+        request in flight (module docstring); raises what the model raised, or
+        `EngineClosedError` once the policy is closed."""
+        row = await asyncio.wrap_future(self._decode_engine().submit(prompt, sampling))
+        return self._completion(row, sampling)
+
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's counters (`rldojo.policy.engine`; zeros before its first request)."""
+        engine = self._engine
+        return engine.stats() if engine is not None else dict.fromkeys(STATS, 0.0)
+
+    def close(self) -> None:
+        """Stop the engine (requests still pending fail); `generate` still works."""
+        with self._engine_lock:
+            self._closed = True
+            engine = self._engine
+        if engine is not None:
+            engine.close()
+
+    def _decode_engine(self) -> DecodeEngine:
+        """The engine, started at the first request."""
+        with self._engine_lock:
+            if self._closed:
+                raise EngineClosedError("the policy is closed")
+            if self._engine is None:
+                mb = self.prefix_cache.max_bytes if self.prefix_cache is not None else 0
+                self._engine = DecodeEngine(
+                    self._gen_model,
+                    self.tokenizer,
+                    self.eos_ids,
+                    max_batch=self.max_batch,
+                    prefix_cache=PrefixCache(mb, lasting=True) if mb else None,
+                    host=_EngineHost(self),
+                )
+            return self._engine
 
     def update_weights(self, state_dict: dict[str, Any] | None = None) -> None:
         """Publish new weights (from the shared training model by default); `version` += 1.
@@ -242,3 +321,30 @@ class TransformersPolicy:
     def _copy_in(self, source: dict[str, Any]) -> None:
         with torch.no_grad():
             self._gen_model.load_state_dict(source, strict=False)
+
+
+class _EngineHost:
+    """Lends the policy's generation model to its engine, one step at a time
+    (`rldojo.policy.engine.ModelHost`; module docstring)."""
+
+    def __init__(self, policy: TransformersPolicy) -> None:
+        self._policy = policy
+
+    @contextmanager
+    def step(self) -> Iterator[Fingerprint]:
+        policy = self._policy
+        with policy._lock:
+            policy._engine_busy = True
+            fingerprint = policy._ready_weights()
+            model = policy._gen_model
+            was_training = model.training
+            model.eval()
+            try:
+                yield fingerprint
+            finally:
+                model.train(was_training)
+
+    def idle(self) -> None:
+        with self._policy._lock:
+            self._policy._engine_busy = False
+            self._policy._release_weights()

@@ -21,8 +21,8 @@ from typing import Protocol
 from rldojo.config import RolloutConfig
 from rldojo.envs.base import EnvFactory
 from rldojo.graders.base import Grader
-from rldojo.policy.base import Policy
-from rldojo.rollout.episodes import collect_rollouts, grade_rollouts
+from rldojo.policy.base import Policy, has_engine
+from rldojo.rollout.episodes import play_and_grade
 from rldojo.rollout.groups import Group, make_groups, requests
 from rldojo.rollout.tasks import TaskSampler
 from rldojo.store.ledger import Ledger
@@ -76,32 +76,39 @@ class LocalGeneration:
         announce: Announce | None = None,
     ) -> tuple[list[Rollout], list[Score]]:
         ro = self.cfg
-        if announce is not None:
-            tasks = sorted({t.id for t, _, _ in requests})
-            announce(f"generating {len(requests)} samples for tasks {tasks}")
-        t0 = time.perf_counter()
-        rollouts = await collect_rollouts(
+        start = self.policy.engine_stats() if has_engine(self.policy) else None
+        rollouts, scores = await play_and_grade(
             self.make_env,
             self.policy,
+            self.grader,
             requests,
             sampling,
-            env_timeout_s=ro.env_timeout_s,
-            max_turns=ro.max_turns,
-            max_episode_tokens=ro.max_episode_tokens,
+            limits=(ro.env_timeout_s, ro.max_turns, ro.max_episode_tokens),
+            grade_timeout_s=ro.grade_timeout_s,
+            grade_concurrency=ro.grade_concurrency,
+            lockstep=ro.engine == "lockstep",
+            timing=timing,
+            announce=announce,
         )
-        t1 = time.perf_counter()
-        if announce is not None:
-            announce(f"grading {len(rollouts)} samples with {self.grader.name}")
-        scores = await grade_rollouts(
-            self.grader,
-            rollouts,
-            [t for t, _, _ in requests],
-            timeout_s=ro.grade_timeout_s,
-            concurrency=ro.grade_concurrency,
-        )
-        _add(timing, "time/generate", t1 - t0)
-        _add(timing, "time/grade", time.perf_counter() - t1)
+        if start is not None and has_engine(self.policy):
+            engine_metrics(start, self.policy.engine_stats(), timing)
         return rollouts, scores
+
+
+def engine_metrics(
+    start: dict[str, float], end: dict[str, float], timing: dict[str, float]
+) -> None:
+    """What the inference engine did over a round (`EnginePolicy.engine_stats` before and
+    after), added to `timing` (under `time/`: they depend on timing, as which requests
+    share a decode step does): `time/decode_batch` (mean rows per decode step) and
+    `time/engine_busy` (the share of generation's wall time the engine spent in the
+    model; the rest, it waited on environments)."""
+    d = {k: end.get(k, 0.0) - start.get(k, 0.0) for k in end}
+    wall = timing.get("time/generate", 0.0)
+    if d.get("decode_steps", 0.0) > 0:
+        timing["time/decode_batch"] = d["decode_rows"] / d["decode_steps"]
+    if wall > 0:
+        timing["time/engine_busy"] = min(1.0, d.get("busy_s", 0.0) / wall)
 
 
 class ActorPool(Protocol):

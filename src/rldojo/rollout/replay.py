@@ -2,7 +2,7 @@
 bookkeeping of rollouts.
 
 `conversation_rollout(tokenizer, messages, tools)` replays a finished conversation (a
-demonstration, a teacher's episode) through `rollout.engine.collect_rollouts`: a
+demonstration, a teacher's episode) through `rollout.episodes.collect_rollouts`: a
 `ReplayEnv` answers each assistant turn with the environment messages that followed it
 in the recording, and a `ScriptedPolicy` "samples" the recorded assistant turns,
 tokenised as the sampler emits a turn (the content's tokens, then the end-of-turn token).

@@ -51,8 +51,14 @@ def step_line(step: int, m: dict[str, Any], pass_threshold: float = 1.0) -> str:
         f" fork {g('entropy/tokens_selected', 0)}/{g('entropy/tokens_policy', 0)}"
         f" groups {g('rollout/groups_informative', 0)}/{g('rollout/groups', 0)}"
         f" gen {g('time/generate', 0):.0f}s train {g('time/train', 0):.0f}s"
+        + _engine(g("time/decode_batch"))
         + _reused(g("rollout/reused"))
     )
+
+
+def _engine(occupancy: float | None) -> str:
+    """The inference engine's mean decode batch over the step (the episodes engine)."""
+    return f" decode batch {occupancy:.1f}" if occupancy else ""
 
 
 def _reused(n: float | None) -> str:

@@ -48,14 +48,17 @@ def build_mixture(config: TrainConfig) -> EnvMixture:
 
 def check_episodes_at_once(config: TrainConfig, mixture: EnvMixture) -> None:
     """`EnvKwargsError` if a batch opens more episodes of an environment at once than it
-    holds (`max_episodes_at_once`, e.g. web-crm-v1's browser contexts): the rollout
-    engine starts every episode of a batch before its first turn, so the rest would wait
-    for a slot until they time out."""
+    holds (`max_episodes_at_once`, e.g. web-crm-v1's browser contexts) under the
+    lockstep engine, which starts every episode of a batch before its first turn, so the
+    rest would wait for a slot until they time out. The episodes engine (a native policy)
+    opens each episode when a slot is free: any batch size runs."""
     import math
 
     from rldojo.envs.kwargs import EnvKwargsError
 
     ro = config.rollout
+    if ro.engine == "episodes" and config.generation.backend == "native":
+        return
     train = math.ceil(ro.prompts_per_step * ro.oversample) * ro.group_size
     for slot in mixture.slots.values():
         if slot.max_at_once is None:
