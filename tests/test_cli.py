@@ -43,6 +43,12 @@ def test_envs_and_doctor():
     result = runner.invoke(app, ["doctor"])
     assert result.exit_code == 0
     assert "torch" in result.output and "sandbox" in result.output
+    assert "rollout engine" not in result.output
+    result = runner.invoke(app, ["doctor", "--config", "examples/agentic_web_crm.toml"])
+    assert result.exit_code == 0
+    words = result.output.split()  # the table wraps its cells
+    assert "engine" in words and "episodes:" in words and "coroutine;" in words
+    assert "inference" in words and "trainer's" in words
 
 
 @pytest.mark.slow  # trains tiny-random

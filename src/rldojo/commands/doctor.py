@@ -12,6 +12,7 @@ import importlib.util
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -181,6 +182,14 @@ def _chromium_row() -> tuple[str, str, str]:
     return ("chromium", "ok", f"{found.path} ({found.source}; web-crm-v1)")
 
 
+def _config_rows(path: Path) -> list[tuple[str, str, str]]:
+    """The placement `path` resolves to (`rldojo.rollout.placement`)."""
+    from rldojo.config import load_config
+    from rldojo.rollout.placement import placement
+
+    return [(what, "ok", where) for what, where in placement(load_config(path))]
+
+
 def _reprobe() -> str:
     """Measure the precision probe again, rewrite its cache, and say what it decides."""
     from rldojo.cache import cache_dir
@@ -203,14 +212,20 @@ def doctor(
             help="Measure the fp32/bf16 matmul probe again and rewrite its cached result",
         ),
     ] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Also show where this config's episodes and inference run"),
+    ] = None,
 ) -> None:
-    """What is installed, which backends and sandboxes work."""
+    """What is installed, which backends and sandboxes work (and, with --config, where
+    a config's experience is made)."""
+    rows = _config_rows(config) if config is not None else []  # a bad file fails first
     if reprobe:
         console.print(escape(_reprobe()), soft_wrap=True)
     table = Table(title="rldojo doctor")
     for col in ("component", "status", "detail"):
         table.add_column(col)
-    for name, status, detail in _doctor_rows():
+    for name, status, detail in _doctor_rows() + rows:
         colour = {"ok": "green", "missing": "yellow"}.get(status, "red")
         table.add_row(name, f"[{colour}]{status}[/]", escape(detail))  # "rldojo[vllm]"
     console.print(table)

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING
 
 from rldojo.envs.base import BoundedEnv, Env, EnvFactory
 from rldojo.policy.base import EnginePolicy
-from rldojo.policy.token_choice import row_seeds
 from rldojo.rollout.episode import (
     Episode,
     add_policy_turn,
@@ -82,6 +81,8 @@ class _Seeds:
         if self.seed is None:
             return None
         if turn not in self._turns:
+            from rldojo.policy.token_choice import row_seeds  # torch: not at `import rldojo`
+
             self._turns[turn] = row_seeds(self.seed + turn, self.n)
         return self._turns[turn][i]
 

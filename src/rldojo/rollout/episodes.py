@@ -192,6 +192,23 @@ async def grade_rollouts(
     )
 
 
+class _Grading:
+    """Each rollout's grading, started the moment its episode ends (`on_end`)."""
+
+    def __init__(self, grader: Grader, requests: Sequence[Request], timeout_s: float, n: int):
+        self.grader, self.requests, self.timeout_s = grader, requests, timeout_s
+        self.gate = asyncio.Semaphore(n)
+        self.tasks: dict[int, asyncio.Task[Score]] = {}
+
+    async def on_end(self, i: int, rollout: Rollout) -> None:
+        task = self.requests[i][0]
+        graded = _grade_one(self.grader, rollout, task, self.timeout_s, self.gate)
+        self.tasks[i] = asyncio.ensure_future(graded)
+
+    async def scores(self) -> list[Score]:
+        return [await self.tasks[i] for i in range(len(self.requests))]
+
+
 async def play_and_grade(
     make_env: EnvFactory,
     policy: Policy,
@@ -212,18 +229,12 @@ async def play_and_grade(
     `(env_timeout_s, max_turns, max_episode_tokens)`. `timing` gains `time/generate`
     (until the last episode ended) and `time/grade` (the grading after it); `announce`
     hears what is being waited on."""
-    gate = asyncio.Semaphore(grade_concurrency)
-    grading: dict[int, asyncio.Task[Score]] = {}
-
-    async def grade(i: int, rollout: Rollout) -> None:
-        task = _grade_one(grader, rollout, requests[i][0], grade_timeout_s, gate)
-        grading[i] = asyncio.ensure_future(task)
-
+    overlap = has_engine(policy) and not lockstep
+    grading = _Grading(grader, requests, grade_timeout_s, grade_concurrency)
     if announce is not None:
         tasks = sorted({t.id for t, _, _ in requests})
         announce(f"generating {len(requests)} samples for tasks {tasks}")
     env_timeout_s, max_turns, max_tokens = limits
-    overlap = has_engine(policy) and not lockstep
     t0 = time.perf_counter()
     rollouts = await collect_rollouts(
         make_env,
@@ -234,14 +245,13 @@ async def play_and_grade(
         max_turns=max_turns,
         max_episode_tokens=max_tokens,
         lockstep=lockstep,
-        on_end=grade if overlap else None,
+        on_end=grading.on_end if overlap else None,
     )
     t1 = time.perf_counter()
     if announce is not None:
-        pending = sum(not t.done() for t in grading.values()) if overlap else len(rollouts)
-        announce(f"grading {pending} samples with {grader.name}")
+        announce(f"grading {len(rollouts)} samples with {grader.name}")
     if overlap:
-        scores = [await grading[i] for i in range(len(requests))]
+        scores = await grading.scores()
     else:
         scores = await grade_rollouts(
             grader,

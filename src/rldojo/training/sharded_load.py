@@ -42,7 +42,7 @@ import torch
 
 from rldojo.config import ModelConfig
 from rldojo.policy import lora as lora_lib
-from rldojo.policy.attention import use_safe_sdpa
+from rldojo.policy.attention import register_safe_sdpa, use_safe_sdpa
 from rldojo.policy.given_models import is_given
 from rldojo.policy.models import SMOLLM2, load_model, load_tokenizer, smollm2_dir
 from rldojo.policy.training_model import Loader, load_reference, load_training_model
@@ -209,6 +209,7 @@ def _bare(config: Any, tokenizer: Any) -> Any:
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
+    register_safe_sdpa()  # a config rank 0 broadcast may name it already
     with init_empty_weights(include_buffers=False):
         net = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     net.tie_weights()  # from_config leaves meta parameters untied
