@@ -109,7 +109,7 @@ def _play(
             reqs,
             sampling,
             limits=limits,
-            lockstep=engine == "lockstep",
+            engine=engine,
             timing=timing,
         )
     )

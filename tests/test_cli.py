@@ -47,7 +47,7 @@ def test_envs_and_doctor():
     result = runner.invoke(app, ["doctor", "--config", "examples/agentic_web_crm.toml"])
     assert result.exit_code == 0
     words = result.output.split()  # the table wraps its cells
-    assert "engine" in words and "episodes:" in words and "coroutine;" in words
+    assert "engine" in words and "lockstep:" in words and "generate" in words
     assert "inference" in words and "trainer's" in words
 
 

@@ -122,7 +122,13 @@ def test_a_slow_environment_never_stalls_the_other_episodes(policy):
                     book.release.set()
 
         return await collect_rollouts(
-            lambda: TurnsEnv(book), policy, _tasks(*names), GREEDY, env_timeout_s=60, on_end=ended
+            lambda: TurnsEnv(book),
+            policy,
+            _tasks(*names),
+            GREEDY,
+            env_timeout_s=60,
+            on_end=ended,
+            engine="episodes",
         )
 
     rollouts = asyncio.run(main())
@@ -141,7 +147,12 @@ def test_a_bound_holds_under_a_batch_four_times_its_size_and_a_crash_frees_its_s
 
     async def main():
         return await play_and_grade(
-            lambda: Bounded(book, bound=2), policy, grader, _tasks(*names), GREEDY
+            lambda: Bounded(book, bound=2),
+            policy,
+            grader,
+            _tasks(*names),
+            GREEDY,
+            engine="episodes",
         )
 
     rollouts, scores = asyncio.run(main())
@@ -165,6 +176,7 @@ def test_waiting_for_a_slot_is_no_part_of_the_timeout(policy):
             _tasks("a", "b"),
             GREEDY,
             env_timeout_s=2.0,
+            engine="episodes",
         )
 
     rollouts = asyncio.run(main())
@@ -173,13 +185,13 @@ def test_waiting_for_a_slot_is_no_part_of_the_timeout(policy):
 
 
 def test_both_engines_play_the_same_episodes_when_neither_samples(policy):
-    async def main(lockstep: bool):
+    async def main(engine):
         book = Book()
         return await collect_rollouts(
-            lambda: TurnsEnv(book), policy, _tasks("x", "y", "z"), GREEDY, lockstep=lockstep
+            lambda: TurnsEnv(book), policy, _tasks("x", "y", "z"), GREEDY, engine=engine
         )
 
-    lockstep, episodes = asyncio.run(main(True)), asyncio.run(main(False))
+    lockstep, episodes = asyncio.run(main("lockstep")), asyncio.run(main("episodes"))
     assert [r.completion_ids for r in episodes] == [r.completion_ids for r in lockstep]
     assert [r.policy_mask for r in episodes] == [r.policy_mask for r in lockstep]
     assert all(len(r.messages) == 6 for r in episodes)  # user, 3 turns, 2 answers

@@ -114,14 +114,16 @@ class RolloutConfig(_Section):
     """Over-provisioning: each draw takes `oversample` x the tasks still needed, so one
     round more often yields `prompts_per_step` informative groups; a step trains at most
     `prompts_per_step` groups and the rest stay untrained (`rollout/groups_surplus`)."""
-    engine: Literal["episodes", "lockstep"] = "episodes"
-    """How a batch's episodes are played (`rldojo.rollout.episodes`). `episodes`: each
-    episode its own coroutine, its turns joining the inference engine's running decode
-    batch as they come, graded as it ends; an environment's `max_episodes_at_once`
-    bounds its open episodes, not the batch. `lockstep`: one `generate` call per turn
-    for every live episode, then every environment's answer; its batches are fixed, so
-    its runs repeat bit for bit (the default under `run.deterministic`). A policy
-    without an inference engine (vLLM, remote) plays lockstep either way."""
+    engine: Literal["episodes", "lockstep"] = "lockstep"
+    """How a batch's episodes are played (`rldojo.rollout.episodes`). `lockstep`: one
+    `generate` call per turn for every live episode, then every environment's answer;
+    its batches are fixed, so its runs repeat bit for bit. `episodes`: each episode its
+    own coroutine, its turns joining the inference engine's running decode batch as they
+    come, graded as it ends; an environment's `max_episodes_at_once` bounds its open
+    episodes, not the batch. On 2 CPU cores the model, not the environments, is what a
+    round waits on, and lockstep measured faster (docs/studies/2026-12-08-episodes-
+    engine.md); `episodes` pays where environment steps are slow beside decoding. A
+    policy without an inference engine (vLLM, remote) plays lockstep either way."""
     max_turns: int = Field(8, gt=0)
     """Policy turns per episode before it is cut (status `truncated`)."""
     max_episode_tokens: int | None = Field(None, gt=0)
@@ -316,20 +318,6 @@ class TrainConfig(_Section):
     @classmethod
     def _apply_recipe(cls, data: Any) -> Any:
         return apply_recipe(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _deterministic_plays_lockstep(cls, data: Any) -> Any:
-        """`run.deterministic` plays the lockstep engine unless `rollout.engine` says
-        otherwise: its batches are fixed, so its runs repeat bit for bit."""
-        if not isinstance(data, dict):
-            return data
-        run, rollout = data.get("run"), data.get("rollout")
-        deterministic = isinstance(run, dict) and run.get("deterministic") is True
-        if deterministic and not (isinstance(rollout, dict) and "engine" in rollout):
-            rollout = dict(rollout) if isinstance(rollout, dict) else {}
-            data = {**data, "rollout": {**rollout, "engine": "lockstep"}}
-        return data
 
 
 # The objectives' tables of shared sections (`[sft.optim]`) are those sections' models.

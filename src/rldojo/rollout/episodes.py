@@ -1,13 +1,14 @@
 """Rollouts: run episodes of the policy in environments, then grade them.
 
-`collect_rollouts` plays one episode per request with one of two engines:
-- **episodes** (`rldojo.rollout.concurrent`, the default where the policy has an
-  inference engine, `EnginePolicy`): each episode is its own coroutine, and its turns
-  join the engine's running decode batch as they come, so environments step while the
-  model decodes and no episode waits for the batch's slowest;
-- **lockstep** (below; `rollout.engine = "lockstep"`, and any policy without an engine):
-  every live episode's conversation is encoded, the policy samples one turn for all of
-  them in one batched call, and each environment answers its turn.
+`collect_rollouts` plays one episode per request with one of two engines (`engine`):
+- **lockstep** (below; the default, and any policy without an inference engine): every
+  live episode's conversation is encoded, the policy samples one turn for all of them in
+  one batched call, and each environment answers its turn;
+- **episodes** (`rldojo.rollout.concurrent`; a policy with an inference engine,
+  `EnginePolicy`): each episode is its own coroutine, and its turns join the engine's
+  running decode batch as they come, so environments step while the model decodes and
+  no episode waits for the batch's slowest. Measured slower than lockstep on 2 CPU cores
+  (docs/studies/2026-12-08-episodes-engine.md), so opt-in (`rollout.engine`).
 
 Environment and policy failures become rollout statuses (`env_error`, `timeout`,
 `policy_error`); they never raise out of here. `grade_rollouts` scores finished rollouts
@@ -29,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from rldojo.envs.base import EnvFactory
 from rldojo.graders.base import Grader, self_timed
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
 
 __all__ = ["TurnProgress", "bounded", "collect_rollouts", "grade_rollouts", "play_and_grade"]
 
+Engine = Literal["episodes", "lockstep"]
+"""Which engine plays a batch (module docstring; `rollout.engine`)."""
+
 Request = tuple[Task, int, int]
 """An episode to play: its task, its sample index in the task's group, its env seed."""
 
@@ -71,14 +75,14 @@ async def collect_rollouts(
     max_turns: int = 8,
     max_episode_tokens: int | None = None,
     progress: TurnProgress | None = None,
-    lockstep: bool = False,
+    engine: Engine = "lockstep",
     on_end: Ended | None = None,
 ) -> list[Rollout]:
     """Run one episode per `(task, sample_index, seed)` and return their rollouts, in order;
     `progress` hears how far the generation got; `on_end(i, rollout)` is awaited as
-    episode i ends (lockstep: after the batch). `lockstep` plays the lockstep engine
-    even with a policy that has an inference engine."""
-    if has_engine(policy) and not lockstep:
+    episode i ends (lockstep: after the batch). `engine="episodes"` plays the episodes
+    engine where the policy has an inference engine (else lockstep)."""
+    if has_engine(policy) and engine == "episodes":
         limits = (env_timeout_s, max_turns, max_episode_tokens)
         return await play(make_env, policy, tasks, sampling, limits, progress, on_end)
     rollouts = await _lockstep(
@@ -219,7 +223,7 @@ async def play_and_grade(
     limits: tuple[float, int, int | None] = (30.0, 8, None),
     grade_timeout_s: float = 30.0,
     grade_concurrency: int = 8,
-    lockstep: bool = False,
+    engine: Engine = "lockstep",
     timing: dict[str, float] | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> tuple[list[Rollout], list[Score]]:
@@ -229,7 +233,7 @@ async def play_and_grade(
     `(env_timeout_s, max_turns, max_episode_tokens)`. `timing` gains `time/generate`
     (until the last episode ended) and `time/grade` (the grading after it); `announce`
     hears what is being waited on."""
-    overlap = has_engine(policy) and not lockstep
+    overlap = has_engine(policy) and engine == "episodes"
     grading = _Grading(grader, requests, grade_timeout_s, grade_concurrency)
     if announce is not None:
         tasks = sorted({t.id for t, _, _ in requests})
@@ -244,7 +248,7 @@ async def play_and_grade(
         env_timeout_s=env_timeout_s,
         max_turns=max_turns,
         max_episode_tokens=max_tokens,
-        lockstep=lockstep,
+        engine=engine,
         on_end=grading.on_end if overlap else None,
     )
     t1 = time.perf_counter()

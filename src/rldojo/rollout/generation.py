@@ -86,7 +86,7 @@ class LocalGeneration:
             limits=(ro.env_timeout_s, ro.max_turns, ro.max_episode_tokens),
             grade_timeout_s=ro.grade_timeout_s,
             grade_concurrency=ro.grade_concurrency,
-            lockstep=ro.engine == "lockstep",
+            engine=ro.engine,
             timing=timing,
             announce=announce,
         )

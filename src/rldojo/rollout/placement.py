@@ -13,8 +13,7 @@ __all__ = ["placement"]
 def _engine(cfg: TrainConfig) -> str:
     ro, backend = cfg.rollout, cfg.generation.backend
     if ro.engine == "lockstep":
-        why = "run.deterministic" if cfg.run.deterministic else "rollout.engine"
-        return f"lockstep ({why}): one generate call per turn for every live episode"
+        return "lockstep: one generate call per turn for every live episode"
     if backend != "native":
         return f"lockstep: the {backend} backend has no continuous engine here"
     return (

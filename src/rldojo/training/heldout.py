@@ -41,7 +41,7 @@ def heldout_eval(
         "max_turns": ro.max_turns,
         "max_episode_tokens": ro.max_episode_tokens,
         "env_timeout_s": ro.env_timeout_s,
-        "lockstep": ro.engine == "lockstep",
+        "engine": ro.engine,
     }
     return loop.run_until_complete(
         evaluate(
