@@ -28,7 +28,9 @@ def _lock_dir() -> str:
 
 
 def claim_slot(index: int, *, base_uid: int = BASE_UID, cgroup: bool = True) -> Slot:
-    """Claim a free uid at or after ``base_uid + index`` (root), plus a cgroup if wanted."""
+    """Claim a free uid at or after ``base_uid + index`` (root), plus a cgroup if wanted.
+    A uid is free when no live claimant holds its lock and no process runs as it (one a
+    killed claimant left behind)."""
     tag = f"rldojo-{os.getpid()}-s{index}"  # index is unique within this process
     if os.geteuid() != 0:
         return Slot(index=index, uid=None, cgroup=create_slot_cgroup(tag) if cgroup else None)
@@ -41,6 +43,9 @@ def claim_slot(index: int, *, base_uid: int = BASE_UID, cgroup: bool = True) -> 
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
+            continue
+        if processes_of_uid(uid):  # a dead claimant's stranded sandbox still runs as it:
+            os.close(fd)  # sharing its uid would let the two signal each other
             continue
         group = create_slot_cgroup(tag) if cgroup else None
         return Slot(index=index, uid=uid, cgroup=group, lock_fd=fd)
