@@ -10,6 +10,7 @@ token for token, where neither samples (greedy), and each episode graded once.""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 
 import pytest
@@ -195,3 +196,35 @@ def test_both_engines_play_the_same_episodes_when_neither_samples(policy):
     assert [r.completion_ids for r in episodes] == [r.completion_ids for r in lockstep]
     assert [r.policy_mask for r in episodes] == [r.policy_mask for r in lockstep]
     assert all(len(r.messages) == 6 for r in episodes)  # user, 3 turns, 2 answers
+
+
+def test_a_training_run_plays_its_rounds_with_the_episodes_engine(tmp_path):
+    """`rollout.engine = "episodes"` end to end: the steps train, and each reports the
+    engine's decode batch; the held-out evaluation runs on the same engine."""
+    import coin_env  # noqa: F401  (registers coin-v1)
+    from tiny_config import tiny_overrides
+
+    from rldojo.config import load_config
+    from rldojo.training.loop import run_training
+
+    cfg = load_config(
+        None,
+        tiny_overrides(
+            "env.id=coin-v1",
+            "rollout.engine=episodes",
+            "rollout.group_size=4",
+            "sampling.max_new_tokens=6",
+            "sampling.temperature=1.0",
+            "run.steps=2",
+            "eval.tasks=2",
+            f"run.output_dir={tmp_path}",
+            "run.name=e",
+        ),
+    )
+    summary = run_training(cfg)
+    assert summary["steps"] == 2
+    rows = [json.loads(x) for x in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in rows if "time/step" in m]
+    assert len(steps) == 2 and all(m["time/decode_batch"] >= 1 for m in steps)
+    assert all(0 < m["time/engine_busy"] <= 1 for m in steps)
+    assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None

@@ -76,7 +76,8 @@ class LocalGeneration:
         announce: Announce | None = None,
     ) -> tuple[list[Rollout], list[Score]]:
         ro = self.cfg
-        start = self.policy.engine_stats() if has_engine(self.policy) else None
+        engine = has_engine(self.policy) and ro.engine == "episodes"
+        start = self.policy.engine_stats() if engine and has_engine(self.policy) else None
         rollouts, scores = await play_and_grade(
             self.make_env,
             self.policy,
