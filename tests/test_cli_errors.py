@@ -364,6 +364,28 @@ def test_a_batch_larger_than_the_env_holds_at_once_is_one_line(tmp_path, no_mode
     assert not (tmp_path / "runs").exists()
 
 
+def test_only_the_lockstep_engine_refuses_a_batch_larger_than_an_env_holds():
+    """The episodes engine opens each episode when a slot is free, in this process; Ray's
+    rollout workers and the lockstep engine open the whole batch first."""
+    from types import SimpleNamespace
+
+    from rldojo.config import load_config
+    from rldojo.envs.kwargs import EnvKwargsError
+    from rldojo.training.inputs import check_episodes_at_once
+
+    slot = SimpleNamespace(env_id="web-crm-v1", max_at_once=(4, "browser_contexts"),
+                           test_tasks=[object()] * 8)  # fmt: skip
+    mixture = SimpleNamespace(slots={"web-crm-v1": slot})
+    for sets, refused in (([], True), (["rollout.engine=episodes"], False),
+                          (["rollout.engine=episodes", "run.cluster=ray"], True)):  # fmt: skip
+        config = load_config(None, sets)
+        if refused:
+            with pytest.raises(EnvKwargsError, match="holds 4 episodes at once"):
+                check_episodes_at_once(config, mixture)
+        else:
+            check_episodes_at_once(config, mixture)
+
+
 def test_a_missing_data_file_is_one_line_naming_it(tmp_path, no_model_load):
     missing = tmp_path / "nope.jsonl"
     result = runner.invoke(app, ["train", *TINY, "--set", "env.id=math-v1", "--set",

@@ -50,14 +50,15 @@ def check_episodes_at_once(config: TrainConfig, mixture: EnvMixture) -> None:
     """`EnvKwargsError` if a batch opens more episodes of an environment at once than it
     holds (`max_episodes_at_once`, e.g. web-crm-v1's browser contexts) under the
     lockstep engine, which starts every episode of a batch before its first turn, so the
-    rest would wait for a slot until they time out. The episodes engine (a native policy)
-    opens each episode when a slot is free: any batch size runs."""
+    rest would wait for a slot until they time out. The episodes engine (a native policy
+    in this process) opens each episode when a slot is free: any batch size runs."""
     import math
 
     from rldojo.envs.kwargs import EnvKwargsError
 
     ro = config.rollout
-    if ro.engine == "episodes" and config.generation.backend == "native":
+    local = config.run.cluster == "local"  # Ray's rollout workers play lockstep
+    if ro.engine == "episodes" and config.generation.backend == "native" and local:
         return
     train = math.ceil(ro.prompts_per_step * ro.oversample) * ro.group_size
     for slot in mixture.slots.values():
