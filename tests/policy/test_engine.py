@@ -31,32 +31,6 @@ pytestmark = pytest.mark.slow  # samples from tiny-random
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 WAIT_S = 60.0  # bound on every wait: a loaded 2-core machine is slow, never this slow
 
-_TEXTS = [
-    "hi",
-    "what is 3+4? answer briefly",
-    "x",
-    "a much longer question about numbers, words and more words, so that this prompt is wider "
-    "than the cache of the rows already decoding when it joins them",
-    "count to ten",
-]
-
-
-@pytest.fixture(scope="module")
-def sharp(tiny):
-    """The tiny model with large random weights, in fp32: its greedy tokens depend on the
-    context (the tiny model's own greedy output is one token repeated)."""
-    model, tok = tiny
-    model = copy.deepcopy(model).float().eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if weight.dim() == 2:
-                std = 0.5 if "embed" in name or "lm_head" in name else 0.3
-                weight.copy_(torch.randn(weight.shape, generator=gen) * std)
-    policy = TransformersPolicy(model, tok, generation_dtype=None)
-    prompts = [policy.encode_chat([{"role": "user", "content": t}]) for t in _TEXTS]
-    return model, tok, prompts
-
 
 class Gate:
     """A model whose first decode step (one token per row) sets `entered` and waits for

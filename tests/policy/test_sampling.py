@@ -3,7 +3,6 @@ continuous batching (rows joining a running batch decode as if sampled alone).""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import pytest
@@ -100,31 +99,6 @@ def test_update_weights_copies_into_generation_model(tiny):
 
 
 # Continuous batching: rows join a running decode batch as others finish.
-
-_TEXTS = [
-    "hi",
-    "what is 3+4? answer briefly",
-    "x",
-    "a much longer question about numbers, words and more words, so that this prompt is wider "
-    "than the cache of the rows already decoding when it joins them",
-    "count to ten",
-]
-
-
-@pytest.fixture(scope="module")
-def sharp(tiny):
-    """The tiny model with large random weights: its greedy tokens depend on the context
-    (the tiny model's own greedy output is one token repeated), in fp32."""
-    model, tok = tiny
-    model = copy.deepcopy(model).float().eval()
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if weight.dim() == 2:
-                std = 0.5 if "embed" in name or "lm_head" in name else 0.3
-                weight.copy_(torch.randn(weight.shape, generator=gen) * std)
-    policy = TransformersPolicy(model, tok, generation_dtype=None)
-    return model, tok, _prompts(policy, _TEXTS)
 
 
 def _ends(model, tok, prompts, params):
